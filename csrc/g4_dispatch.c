@@ -1,0 +1,299 @@
+/* g4_dispatch.c: CPU feature detection (CPUID + XGETBV), table selection, type traits, and the
+ * whole-operation entry points that split work over the pool. Compiled with baseline flags. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "g4_blocks.h"
+#include "g4_impl.h"
+#include "g4_pool.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+/* ---- CPU features ---------------------------------------------------------------------- */
+enum {
+    F_AVX2 = 1u << 0, F_FMA = 1u << 1, F_F16C = 1u << 2, F_AVX512F = 1u << 3, F_AVX512BW = 1u << 4,
+    F_AVX512VL = 1u << 5, F_AVX512DQ = 1u << 6, F_AVX512VNNI = 1u << 7, F_AVX512BF16 = 1u << 8,
+    F_AMX_INT8 = 1u << 9, F_BMI2 = 1u << 10,
+};
+static const char *const feature_names[] = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                                            "avx512dq", "avx512vnni", "avx512bf16", "amx_int8", "bmi2"};
+
+static uint32_t detect_features(void) {
+    uint32_t f = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return 0;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    const int ymm_ok = (xcr0_lo & 0x6u) == 0x6u;          /* XMM and YMM state enabled by the OS */
+    const int zmm_ok = ymm_ok && (xcr0_lo & 0xe0u) == 0xe0u; /* opmask, ZMM_Hi256, Hi16_ZMM */
+    const int tile_ok = (xcr0_lo & 0x60000u) == 0x60000u; /* XTILECFG, XTILEDATA */
+    if (!ymm_ok) return 0;
+    if (fma) f |= F_FMA;
+    if (f16c) f |= F_F16C;
+    if (__get_cpuid_max(0, NULL) >= 7) {
+        __cpuid_count(7, 0, a, b, c, d);
+        if ((b >> 5) & 1) f |= F_AVX2;
+        if ((b >> 8) & 1) f |= F_BMI2;
+        if (zmm_ok) {
+            if ((b >> 16) & 1) f |= F_AVX512F;
+            if ((b >> 17) & 1) f |= F_AVX512DQ;
+            if ((b >> 30) & 1) f |= F_AVX512BW;
+            if ((b >> 31) & 1) f |= F_AVX512VL;
+            if ((c >> 11) & 1) f |= F_AVX512VNNI;
+        }
+        if (tile_ok && ((d >> 25) & 1)) f |= F_AMX_INT8;
+        unsigned a1, b1, c1, d1;
+        __cpuid_count(7, 1, a1, b1, c1, d1);
+        if (zmm_ok && ((a1 >> 5) & 1)) f |= F_AVX512BF16;
+    }
+#endif
+    return f;
+}
+
+static uint32_t g_features;
+static int g_features_done;
+
+uint32_t g4_cpu_features(void) {
+    if (!g_features_done) { g_features = detect_features(); g_features_done = 1; }
+    return g_features;
+}
+
+const char *g4_cpu_feature_name(int bit) {
+    if (bit < 0 || bit >= (int)(sizeof(feature_names) / sizeof(feature_names[0]))) return NULL;
+    return feature_names[bit];
+}
+
+/* Tiers (each table's objects are compiled for exactly these features):
+ *   avx2:   AVX2 + FMA + F16C + BMI2      Intel Haswell+ / AMD Zen 1+
+ *   avx512: F + BW + VL + DQ + VNNI       Intel Ice Lake-SP, Sapphire Rapids+ / AMD Zen 4+
+ *           (Skylake-SP has AVX-512 without VNNI: it gets the avx2 table, not a SIGILL) */
+static const uint32_t isa_needs[G4_ISA_COUNT] = {
+    [G4_ISA_REF] = 0,
+    [G4_ISA_AVX2] = F_AVX2 | F_FMA | F_F16C | F_BMI2,
+    [G4_ISA_AVX512] = F_AVX2 | F_FMA | F_F16C | F_BMI2 | F_AVX512F | F_AVX512BW | F_AVX512VL |
+                      F_AVX512DQ | F_AVX512VNNI,
+};
+
+int g4_isa_supported(g4_isa isa) {
+    if ((int)isa < 0 || isa >= G4_ISA_COUNT) return 0;
+#if !(defined(__x86_64__) || defined(__i386__))
+    if (isa != G4_ISA_REF) return 0;
+#endif
+    return (g4_cpu_features() & isa_needs[isa]) == isa_needs[isa];
+}
+
+static const g4_kernels *const all_tables[G4_ISA_COUNT] = {&g4_kernels_ref, &g4_kernels_avx2,
+                                                          &g4_kernels_avx512};
+
+const g4_kernels *g4_kernels_for(g4_isa isa) {
+    return g4_isa_supported(isa) ? all_tables[isa] : NULL;
+}
+
+const g4_kernels *g4_kernels_select(const char *name) {
+    if (!name || !strcmp(name, "auto")) {
+        for (int i = G4_ISA_COUNT - 1; i >= 0; i--)
+            if (g4_isa_supported((g4_isa)i)) return all_tables[i];
+        return &g4_kernels_ref;
+    }
+    for (int i = 0; i < G4_ISA_COUNT; i++)
+        if (!strcmp(name, all_tables[i]->isa)) return g4_kernels_for((g4_isa)i);
+    return NULL;
+}
+
+static _Atomic(const g4_kernels *) g_active;
+
+const g4_kernels *g4_active(void) {
+    const g4_kernels *k = atomic_load(&g_active);
+    if (!k) {
+        k = g4_kernels_select("auto");
+        atomic_store(&g_active, k);
+    }
+    return k;
+}
+void g4_set_active(const g4_kernels *k) { atomic_store(&g_active, k); }
+
+/* ---- table report ------------------------------------------------------------------------ */
+static const char *const wt_names[G4_WT_COUNT] = {"f32", "f16", "bf16", "q4_0", "q5_0", "q8_0",
+                                                  "q4_K", "q5_K", "q6_K"};
+static char slot_names[2 + 2 * G4_WT_COUNT][32];
+
+int g4_slot_count(void) { return 2 + 2 * G4_WT_COUNT; }
+
+const char *g4_slot_name(int slot) {
+    if (slot < 0 || slot >= g4_slot_count()) return NULL;
+    if (slot == 0) return "quantize_row_q8_0";
+    if (slot == 1) return "quantize_row_q8_K";
+    char *s = slot_names[slot];
+    if (!s[0]) {
+        const int wt = (slot - 2) / 2;
+        snprintf(s, sizeof(slot_names[0]), "%s_%s", (slot - 2) % 2 ? "gemm" : "dequant_row", wt_names[wt]);
+    }
+    return s;
+}
+
+static const void *slot_ptr(const g4_kernels *k, int slot) {
+    if (slot == 0) return (const void *)k->quantize_row_q8_0;
+    if (slot == 1) return (const void *)k->quantize_row_q8_K;
+    const int wt = (slot - 2) / 2;
+    return (slot - 2) % 2 ? (const void *)k->wt[wt].gemm : (const void *)k->wt[wt].dequant_row;
+}
+
+int g4_slot_is_ref(const g4_kernels *k, int slot) {
+    if (!k || slot < 0 || slot >= g4_slot_count()) return -1;
+    return slot_ptr(k, slot) == slot_ptr(&g4_kernels_ref, slot);
+}
+
+/* ---- type traits --------------------------------------------------------------------------- */
+int g4_wt_index(int t) {
+    switch (t) {
+    case G4_TYPE_F32: return G4_WT_F32;
+    case G4_TYPE_F16: return G4_WT_F16;
+    case G4_TYPE_BF16: return G4_WT_BF16;
+    case G4_TYPE_Q4_0: return G4_WT_Q4_0;
+    case G4_TYPE_Q5_0: return G4_WT_Q5_0;
+    case G4_TYPE_Q8_0: return G4_WT_Q8_0;
+    case G4_TYPE_Q4_K: return G4_WT_Q4_K;
+    case G4_TYPE_Q5_K: return G4_WT_Q5_K;
+    case G4_TYPE_Q6_K: return G4_WT_Q6_K;
+    default: return -1;
+    }
+}
+
+int g4_type_block_size(int t) {
+    switch (g4_wt_index(t)) {
+    case G4_WT_F32: case G4_WT_F16: case G4_WT_BF16: return 1;
+    case G4_WT_Q4_0: case G4_WT_Q5_0: case G4_WT_Q8_0: return 32;
+    case G4_WT_Q4_K: case G4_WT_Q5_K: case G4_WT_Q6_K: return QK_K;
+    default: return 0;
+    }
+}
+
+int g4_type_block_bytes(int t) {
+    switch (g4_wt_index(t)) {
+    case G4_WT_F32: return 4;
+    case G4_WT_F16: case G4_WT_BF16: return 2;
+    case G4_WT_Q4_0: return sizeof(block_q4_0);
+    case G4_WT_Q5_0: return sizeof(block_q5_0);
+    case G4_WT_Q8_0: return sizeof(block_q8_0);
+    case G4_WT_Q4_K: return sizeof(block_q4_K);
+    case G4_WT_Q5_K: return sizeof(block_q5_K);
+    case G4_WT_Q6_K: return sizeof(block_q6_K);
+    default: return 0;
+    }
+}
+
+int g4_type_k_multiple(int t) {
+    const int bs = g4_type_block_size(t);
+    return bs == 1 ? 16 : bs;
+}
+
+g4_act g4_type_act(int t) {
+    switch (g4_wt_index(t)) {
+    case G4_WT_Q4_0: case G4_WT_Q5_0: case G4_WT_Q8_0: return G4_ACT_Q8_0;
+    case G4_WT_Q4_K: case G4_WT_Q5_K: case G4_WT_Q6_K: return G4_ACT_Q8_K;
+    default: return G4_ACT_F32;
+    }
+}
+
+size_t g4_act_row_bytes(g4_act act, int64_t k) {
+    switch (act) {
+    case G4_ACT_Q8_0: return (size_t)(k / QK8_0) * sizeof(block_q8_0);
+    case G4_ACT_Q8_K: return (size_t)(k / QK_K) * sizeof(block_q8_K);
+    default: return (size_t)k * sizeof(float);
+    }
+}
+
+/* ---- whole operations over the pool -------------------------------------------------------- */
+/* Rows are split statically in multiples of 16 (64 bytes of y per token: no false sharing).
+ * For more than G4_TOK_TILE tokens, each worker walks its rows in L2-sized chunks and, per
+ * chunk, all token tiles; every (row, token) result is computed by the same kernel code, so the
+ * tiling cannot change a bit of the output. */
+#define G4_TOK_TILE 16
+#define G4_L2_CHUNK_BYTES (256u * 1024u)
+
+typedef struct {
+    g4_gemm_fn gemm;
+    const void *w;
+    size_t wrb;
+    const void *x;
+    size_t xrb;
+    float *y;
+    int64_t ldy, n_tok, k, r0, r1;
+    /* activation quantisation phase */
+    g4_quant_fn quant;
+    const float *xf;
+    int64_t ldx;
+    void *xq;
+} matmul_ctx;
+
+static void matmul_task(void *vctx, int ith, int nth) {
+    const matmul_ctx *c = (const matmul_ctx *)vctx;
+    const int64_t rows = c->r1 - c->r0;
+    int64_t per = (rows + nth - 1) / nth;
+    per = (per + 15) & ~(int64_t)15;
+    const int64_t a = c->r0 + per * ith;
+    const int64_t b = a + per < c->r1 ? a + per : c->r1;
+    if (a >= b) return;
+    if (c->n_tok <= G4_TOK_TILE) {
+        c->gemm(c->w, c->wrb, c->x, c->xrb, c->y, c->ldy, c->n_tok, c->k, a, b);
+        return;
+    }
+    int64_t chunk = (int64_t)(G4_L2_CHUNK_BYTES / (c->wrb ? c->wrb : 1));
+    if (chunk < 16) chunk = 16;
+    for (int64_t ra = a; ra < b; ra += chunk) {
+        const int64_t rb = ra + chunk < b ? ra + chunk : b;
+        for (int64_t t = 0; t < c->n_tok; t += G4_TOK_TILE) {
+            const int64_t nt = c->n_tok - t < G4_TOK_TILE ? c->n_tok - t : G4_TOK_TILE;
+            c->gemm(c->w, c->wrb, (const uint8_t *)c->x + (size_t)t * c->xrb, c->xrb, c->y + t * c->ldy,
+                    c->ldy, nt, c->k, ra, rb);
+        }
+    }
+}
+
+static void quant_task(void *vctx, int ith, int nth) {
+    const matmul_ctx *c = (const matmul_ctx *)vctx;
+    for (int64_t t = ith; t < c->n_tok; t += nth)
+        c->quant(c->xf + t * c->ldx, (uint8_t *)c->xq + (size_t)t * c->xrb, c->k);
+}
+
+int g4_matmul(g4_pool *pool, int type, const void *w, size_t wrb, int64_t n_rows, const float *x,
+              int64_t ldx, int64_t n_tok, int64_t k, float *y, int64_t ldy, int64_t r0, int64_t r1,
+              char *msg, size_t msg_len) {
+    const int wt = g4_wt_index(type);
+    if (wt < 0) { snprintf(msg, msg_len, "unsupported weight type %d", type); return -1; }
+    const int km = g4_type_k_multiple(type);
+    if (k <= 0 || k % km) { snprintf(msg, msg_len, "k=%lld is not a positive multiple of %d", (long long)k, km); return -1; }
+    const size_t need = (size_t)(k / g4_type_block_size(type)) * (size_t)g4_type_block_bytes(type);
+    if (wrb < need) { snprintf(msg, msg_len, "row stride %zu < %zu bytes for k=%lld", wrb, need, (long long)k); return -1; }
+    if (n_tok < 1) { snprintf(msg, msg_len, "n_tok=%lld < 1", (long long)n_tok); return -1; }
+    if (r0 < 0 || r1 > n_rows || r0 > r1) {
+        snprintf(msg, msg_len, "row range [%lld, %lld) outside [0, %lld)", (long long)r0, (long long)r1, (long long)n_rows);
+        return -1;
+    }
+    if (ldx < k || ldy < r1) { snprintf(msg, msg_len, "bad strides ldx=%lld ldy=%lld", (long long)ldx, (long long)ldy); return -1; }
+    if (r0 == r1) return 0;
+    const g4_kernels *kt = g4_active();
+    matmul_ctx c = {.gemm = kt->wt[wt].gemm, .w = w, .wrb = wrb, .y = y, .ldy = ldy, .n_tok = n_tok,
+                    .k = k, .r0 = r0, .r1 = r1, .xf = x, .ldx = ldx};
+    const g4_act act = g4_type_act(type);
+    if (act == G4_ACT_F32) {
+        c.x = x;
+        c.xrb = (size_t)ldx * sizeof(float);
+    } else {
+        c.xrb = g4_act_row_bytes(act, k);
+        c.xq = g4_pool_scratch(pool, c.xrb * (size_t)n_tok);
+        if (!c.xq) { snprintf(msg, msg_len, "out of memory for %lld activation rows", (long long)n_tok); return -1; }
+        c.quant = act == G4_ACT_Q8_K ? kt->quantize_row_q8_K : kt->quantize_row_q8_0;
+        if (n_tok >= 4 && g4_pool_size(pool) > 1) g4_pool_run(pool, quant_task, &c);
+        else quant_task(&c, 0, 1);
+        c.x = c.xq;
+    }
+    g4_pool_run(pool, matmul_task, &c);
+    return 0;
+}

@@ -1,0 +1,93 @@
+"""Python-facing kernel API: numpy in, numpy out, over the active C table (gemma4cpu.isa).
+
+Weights are passed as raw GGUF rows: a uint8 array (n_rows, row_bytes), which is what
+gguf.GGUFReader gives for quantised tensors (`as_rows` turns float tensors into that view
+without copying). `k` is the number of elements per row.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from gemma4cpu import _kernels
+from gemma4cpu._kernels import Pool  # noqa: F401  (re-exported)
+
+TYPE_IDS = dict(_kernels.TYPE_IDS)
+TYPE_NAMES = {v: k for k, v in TYPE_IDS.items()}
+
+
+def type_id(t) -> int:
+    """ggml type id from an int, a gguf.GGMLQuantizationType or a name like 'Q4_K'."""
+    if isinstance(t, str):
+        try:
+            return TYPE_IDS[t] if t in TYPE_IDS else TYPE_IDS[{k.upper(): k for k in TYPE_IDS}[t.upper()]]
+        except KeyError:
+            raise ValueError(f"unsupported weight type {t!r}; supported: {', '.join(TYPE_IDS)}") from None
+    t = int(t)
+    if t not in TYPE_NAMES:
+        raise ValueError(f"unsupported weight type id {t}; supported: {', '.join(TYPE_IDS)}")
+    return t
+
+
+def type_info(t) -> tuple[int, int, int, str]:
+    """(block_size, block_bytes, k_multiple, activation format) of a weight type."""
+    return _kernels.type_info(type_id(t))
+
+
+def row_bytes(t, k: int) -> int:
+    bs, bb, _, _ = type_info(t)
+    if k % bs:
+        raise ValueError(f"k={k} is not a multiple of the {TYPE_NAMES[type_id(t)]} block size {bs}")
+    return k // bs * bb
+
+
+def as_rows(data: np.ndarray, t, k: int) -> np.ndarray:
+    """View tensor data as (n_rows, row_bytes) uint8 without copying (C-contiguous input)."""
+    rb = row_bytes(t, k)
+    a = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    if a.size % rb:
+        raise ValueError(f"{a.size} bytes is not a whole number of {rb}-byte rows")
+    return a.reshape(-1, rb)
+
+
+def quantize_act(t, x: np.ndarray) -> np.ndarray:
+    """Activation rows x (n, k) float32 -> (n, act_row_bytes) uint8 in the format that weight
+    type t multiplies with (Q8_K for K-quants, Q8_0 for the 32-blocks)."""
+    tid = type_id(t)
+    x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float32)
+    out = np.empty((x.shape[0], _kernels.act_row_bytes(tid, x.shape[1])), dtype=np.uint8)
+    _kernels.quantize_act(tid, x, out)
+    return out
+
+
+def dequantize(t, w: np.ndarray, k: int) -> np.ndarray:
+    """Raw rows (n_rows, row_bytes) -> float32 (n_rows, k), bit-identical to gguf.quants."""
+    tid = type_id(t)
+    w = as_rows(w, tid, k)
+    out = np.empty((w.shape[0], k), dtype=np.float32)
+    _kernels.dequantize_rows(tid, w, k, out)
+    return out
+
+
+def gemm_rows(t, w: np.ndarray, k: int, xa: np.ndarray, y: np.ndarray, r0: int = 0, r1: int | None = None):
+    """Single-threaded direct call of the product on rows [r0, r1) with activations `xa` already
+    in the product's format (quantize_act output; float32 rows for float weights)."""
+    tid = type_id(t)
+    w = as_rows(w, tid, k)
+    xa = np.ascontiguousarray(xa)
+    if xa.dtype == np.float32:
+        xa = xa.view(np.uint8)
+    _kernels.gemm_rows(tid, w, k, xa, y, r0, w.shape[0] if r1 is None else r1)
+    return y
+
+
+def matmul(pool: Pool, t, w: np.ndarray, k: int, x: np.ndarray, out: np.ndarray | None = None,
+           r0: int = 0, r1: int | None = None) -> np.ndarray:
+    """y = x @ W.T over the pool: w raw rows (n_rows, row_bytes), x (n_tok, k) float32 ->
+    y (n_tok, n_rows) float32. Activations are quantised inside the call as the type requires."""
+    tid = type_id(t)
+    w = as_rows(w, tid, k)
+    x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float32)
+    if out is None:
+        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+    pool.matmul(tid, w, k, x, out, r0, w.shape[0] if r1 is None else r1)
+    return out

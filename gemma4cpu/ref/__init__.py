@@ -1,0 +1,1 @@
+"""Pure-numpy references: slow, obvious, the specification the C kernels are tested against."""

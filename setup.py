@@ -1,0 +1,46 @@
+"""Build logic only: one static C library per ISA, each with its own flags, linked into one
+Cython extension that picks a table at run time (csrc/g4_dispatch.c). No -march=native,
+-Ofast or -ffast-math anywhere; -ffp-contract=off everywhere, so FMA contraction can never
+make the SIMD tables differ from the scalar reference (they must agree bit for bit)."""
+import os
+import platform
+from glob import glob
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+BASE = ["-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration",
+        "-ffp-contract=off", "-fPIC", "-fno-strict-aliasing"]
+SAN = os.environ.get("GEMMA4CPU_SANITIZE")  # "1": AddressSanitizer + UBSan build (see README)
+if SAN:
+    BASE += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
+OPT = ["-O1"] if SAN else ["-O3"]
+
+X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+AVX2 = ["-mavx2", "-mfma", "-mf16c", "-mbmi2"]
+AVX512 = AVX2 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"]
+
+libraries = [("g4_ref", {"sources": sorted(glob("csrc/ref/*.c")), "cflags": BASE + ["-O2"]})]
+if X86:
+    libraries += [
+        ("g4_avx2", {"sources": sorted(glob("csrc/avx2/*.c")), "cflags": BASE + OPT + AVX2}),
+        ("g4_avx512", {"sources": sorted(glob("csrc/avx512/*.c")), "cflags": BASE + OPT + AVX512}),
+    ]
+else:  # non-x86: only the reference table exists; dispatch reports the others as unsupported
+    libraries += [("g4_noarch", {"sources": ["csrc/noarch_tables.c"], "cflags": BASE + ["-O2"]})]
+
+ext = Extension(
+    "gemma4cpu._kernels",
+    ["gemma4cpu/_kernels.pyx", "csrc/g4_dispatch.c", "csrc/g4_pool.c"],
+    include_dirs=["csrc", np.get_include()],
+    extra_compile_args=["-O2", "-Wno-unused-function", "-fno-strict-aliasing"] + (
+        ["-fsanitize=address,undefined", "-g"] if SAN else []),
+    extra_link_args=(["-fsanitize=address,undefined"] if SAN else []) + ["-lpthread"],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+)
+
+setup(
+    libraries=libraries,
+    ext_modules=cythonize([ext], language_level=3, compiler_directives={"boundscheck": False, "wraparound": False}),
+)
