@@ -43,7 +43,8 @@ def quantize_row_q8_0(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         idv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
     out["qs"] = np.rint(x * idv[:, None]).astype(np.int8)
-    out["d"] = d.astype(np.float16)
+    with np.errstate(over="ignore"):  # |x| > ~8e6 overflows the f16 scale, as in ggml
+        out["d"] = d.astype(np.float16)
     return out
 
 

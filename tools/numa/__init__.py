@@ -1,0 +1,1 @@
+"""NUMA / memory placement tools (bandwidth probe: python -m tools.numa.bandwidth)."""

@@ -1,0 +1,182 @@
+/* bandwidth.c: a self-contained memory read-bandwidth probe (loaded by bandwidth.py via ctypes).
+ *
+ * g4bw_measure() allocates one buffer, lets every thread first-touch its own slice (so on a
+ * multi-node machine each slice lives on the node of the CPU that reads it), then runs
+ * `warmup + runs` timed passes: all threads wait on a barrier, read-sum their slice, wait on a
+ * second barrier. One pass is timed by thread 0 from the first barrier to the second, so a
+ * pass takes as long as its slowest thread. GB/s of each pass (1e9 bytes) go to out_gbs.
+ *
+ * The read loop uses 256-bit integer adds on four independent accumulators when compiled with
+ * -mavx2 (the Python side does that only on CPUs with AVX2), so a pass is limited by memory,
+ * not by instruction throughput; without AVX2 it is a scalar 64-bit loop with four
+ * accumulators. The sums are folded into a volatile sink so the compiler cannot drop reads.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define G4BW_KIND "avx2"
+#else
+#define G4BW_KIND "scalar"
+#endif
+
+const char *g4bw_kind(void) { return G4BW_KIND; }
+
+static volatile uint64_t g4bw_sink;
+
+/* Read-sum n bytes at p (n a multiple of 128, p 64-byte aligned). */
+static uint64_t read_sum(const uint8_t *p, size_t n) {
+#if defined(__AVX2__)
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < n; i += 128) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, a0);
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#else
+    const uint64_t *q = (const uint64_t *)p;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i < n / 8; i += 4) {
+        s0 += q[i];
+        s1 += q[i + 1];
+        s2 += q[i + 2];
+        s3 += q[i + 3];
+    }
+    return s0 + s1 + s2 + s3;
+#endif
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    int n_threads, passes;
+    const int *cpus;
+    uint8_t *buf;
+    size_t slice;            /* bytes per thread (multiple of 4096) */
+    pthread_barrier_t bar;
+    double *pass_s;          /* passes entries, written by thread 0 */
+    int pin_errors;          /* threads whose pinning failed */
+    pthread_mutex_t mu;
+} g4bw_ctx;
+
+typedef struct {
+    g4bw_ctx *c;
+    int ith;
+} g4bw_arg;
+
+static void *worker(void *argp) {
+    g4bw_arg *a = (g4bw_arg *)argp;
+    g4bw_ctx *c = a->c;
+    if (c->cpus) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(c->cpus[a->ith], &set);
+        if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+            pthread_mutex_lock(&c->mu);
+            c->pin_errors++;
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    uint8_t *mine = c->buf + (size_t)a->ith * c->slice;
+    /* first touch by the reading thread; non-zero pattern so nothing can be special-cased */
+    for (size_t i = 0; i < c->slice; i += 8) {
+        uint64_t v = (uint64_t)(i + (size_t)a->ith) * 0x9E3779B97F4A7C15ull;
+        memcpy(mine + i, &v, 8);
+    }
+    uint64_t acc = 0;
+    for (int r = 0; r < c->passes; r++) {
+        pthread_barrier_wait(&c->bar);
+        double t0 = a->ith == 0 ? now_s() : 0.0;
+        acc += read_sum(mine, c->slice);
+        pthread_barrier_wait(&c->bar);
+        if (a->ith == 0) c->pass_s[r] = now_s() - t0;
+    }
+    g4bw_sink += acc; /* racy by design: only keeps the sums alive */
+    return NULL;
+}
+
+/* Returns 0 on success, else an errno-style code with msg filled. out_gbs gets `runs` values
+ * (the `warmup` passes before them are not reported). bytes is rounded down to a multiple of
+ * 4096 * n_threads. cpus may be NULL (no pinning). */
+int g4bw_measure(int n_threads, const int *cpus, size_t bytes, int warmup, int runs,
+                 double *out_gbs, int *out_pin_errors, char *msg, size_t msg_len) {
+    if (n_threads < 1 || runs < 1 || warmup < 0) {
+        snprintf(msg, msg_len, "bad arguments: threads=%d runs=%d warmup=%d", n_threads, runs, warmup);
+        return EINVAL;
+    }
+    size_t slice = bytes / (size_t)n_threads / 4096u * 4096u;
+    if (slice == 0) {
+        snprintf(msg, msg_len, "buffer of %zu bytes too small for %d threads", bytes, n_threads);
+        return EINVAL;
+    }
+    size_t total = slice * (size_t)n_threads;
+    void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        snprintf(msg, msg_len, "mmap of %zu bytes failed: %s", total, strerror(errno));
+        return ENOMEM;
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(mem, total, MADV_HUGEPAGE); /* fewer TLB misses; harmless if THP is off */
+#endif
+    g4bw_ctx c;
+    memset(&c, 0, sizeof(c));
+    c.n_threads = n_threads;
+    c.passes = warmup + runs;
+    c.cpus = cpus;
+    c.buf = (uint8_t *)mem;
+    c.slice = slice;
+    c.pass_s = calloc((size_t)c.passes, sizeof(double));
+    pthread_t *th = calloc((size_t)n_threads, sizeof(pthread_t));
+    g4bw_arg *args = calloc((size_t)n_threads, sizeof(g4bw_arg));
+    int rc = 0;
+    if (!c.pass_s || !th || !args) {
+        snprintf(msg, msg_len, "out of memory");
+        rc = ENOMEM;
+        goto done;
+    }
+    pthread_barrier_init(&c.bar, NULL, (unsigned)n_threads);
+    pthread_mutex_init(&c.mu, NULL);
+    int started = 0;
+    for (int i = 0; i < n_threads; i++) {
+        args[i].c = &c;
+        args[i].ith = i;
+        int e = pthread_create(&th[i], NULL, worker, &args[i]);
+        if (e != 0) {
+            /* cannot recover: the barrier counts n_threads. Should not happen for sane counts. */
+            snprintf(msg, msg_len, "pthread_create failed for thread %d: %s", i, strerror(e));
+            fprintf(stderr, "g4bw: %s\n", msg);
+            abort();
+        }
+        started++;
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&c.bar);
+    pthread_mutex_destroy(&c.mu);
+    for (int r = 0; r < runs; r++) out_gbs[r] = (double)total / c.pass_s[warmup + r] / 1e9;
+    if (out_pin_errors) *out_pin_errors = c.pin_errors;
+done:
+    free(args);
+    free(th);
+    free(c.pass_s);
+    munmap(mem, total);
+    return rc;
+}

@@ -1,0 +1,201 @@
+"""Memory read-bandwidth probe: GB/s (1e9 bytes/s) for 1..N pinned threads.
+
+    python -m tools.numa.bandwidth                  # 2 GiB, 1..N threads on the allowed CPUs
+    python -m tools.numa.bandwidth --cpus 0-1 --gib 4 --runs 7 --json bw.json
+
+The C side (bandwidth.c, next to this file) is compiled on first use with the system C
+compiler (`cc`, or $CC) into a cache directory ($GEMMA4CPU_CACHE, else
+$XDG_CACHE_HOME/gemma4cpu, else ~/.cache/gemma4cpu) and loaded with ctypes; no pip packages are
+needed. It is built with -O2 -mavx2 only when this CPU reports AVX2, scalar otherwise.
+
+Thread t of a measurement with T threads is pinned to cpus[t]; each thread first-touches and
+then read-sums its own 1/T of the buffer. The result of one thread count is the median of
+`runs` passes (after `warmup` untimed passes).
+
+Bench scripts import `measure_read_bandwidth(threads, cpus, gib)`.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_SRC = Path(__file__).with_name("bandwidth.c")
+GIB = 1 << 30
+
+# The process's allowed CPUs as seen at import. A gemma4cpu Pool pins the *calling* thread to
+# its cpus[0], after which os.sched_getaffinity(0) of that thread shrinks to one CPU, so the
+# default CPU list is taken before anything can do that (import this module early).
+ALLOWED_CPUS_AT_IMPORT: tuple[int, ...] = tuple(sorted(os.sched_getaffinity(0))) if hasattr(
+    os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
+
+_lib = None
+
+
+def parse_cpu_list(spec: str) -> list[int]:
+    """taskset/cpuset style list: '0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (order kept, no dups)."""
+    out: list[int] = []
+    for part in spec.replace(" ", "").split(","):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            lo_i, hi_i = int(lo), int(hi)
+            if hi_i < lo_i:
+                raise ValueError(f"bad CPU range {part!r}")
+            rng = range(lo_i, hi_i + 1)
+        else:
+            rng = range(int(part), int(part) + 1)
+        for c in rng:
+            if c < 0:
+                raise ValueError(f"bad CPU id {c}")
+            if c not in out:
+                out.append(c)
+    if not out:
+        raise ValueError(f"empty CPU list {spec!r}")
+    return out
+
+
+def parse_int_list(spec: str) -> list[int]:
+    """'1,2,4' or '1-4' -> ints (same syntax as CPU lists)."""
+    return parse_cpu_list(spec)
+
+
+def has_avx2() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx2" in line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return False
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("GEMMA4CPU_CACHE")
+    if d:
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gemma4cpu"
+
+
+def _compile() -> Path:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise RuntimeError("no C compiler found (set CC); the bandwidth probe is compiled at first use")
+    flags = ["-O2", "-std=gnu11", "-fPIC", "-shared", "-pthread"] + (["-mavx2"] if has_avx2() else [])
+    src = _SRC.read_bytes()
+    key = hashlib.sha256(src + " ".join([cc] + flags).encode()).hexdigest()[:16]
+    out = cache_dir() / f"g4bw-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_so = Path(tmp) / out.name
+        r = subprocess.run([cc, *flags, "-o", str(tmp_so), str(_SRC)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"compiling {_SRC} failed:\n{' '.join([cc, *flags])}\n{r.stderr}")
+        os.replace(tmp_so, out)  # atomic: concurrent first uses cannot see a half-written file
+    return out
+
+
+def _load():
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(str(_compile()))
+        lib.g4bw_kind.restype = ctypes.c_char_p
+        lib.g4bw_measure.restype = ctypes.c_int
+        lib.g4bw_measure.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_size_t, ctypes.c_int,
+                                     ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int),
+                                     ctypes.c_char_p, ctypes.c_size_t]
+        _lib = lib
+    return _lib
+
+
+def probe_kind() -> str:
+    """'avx2' or 'scalar': which read loop the compiled probe uses."""
+    return _load().g4bw_kind().decode()
+
+
+def measure_runs(threads: int, cpus=None, gib: float = 2.0, runs: int = 5, warmup: int = 1) -> list[float]:
+    """GB/s of each of `runs` timed passes over a `gib` GiB buffer read by `threads` threads,
+    thread t pinned to cpus[t] (default: the CPUs allowed at import, in order)."""
+    cpus = list(ALLOWED_CPUS_AT_IMPORT if cpus is None else cpus)
+    if threads < 1:
+        raise ValueError("threads must be >= 1")
+    if len(cpus) < threads:
+        raise ValueError(f"{threads} threads need {threads} CPUs, got {cpus}")
+    lib = _load()
+    c_cpus = (ctypes.c_int * threads)(*cpus[:threads])
+    out = (ctypes.c_double * runs)()
+    pin_err = ctypes.c_int(0)
+    msg = ctypes.create_string_buffer(256)
+    rc = lib.g4bw_measure(threads, c_cpus, int(gib * GIB), warmup, runs, out, ctypes.byref(pin_err), msg, 256)
+    if rc != 0:
+        raise RuntimeError(f"bandwidth probe failed: {msg.value.decode()}")
+    if pin_err.value:
+        raise RuntimeError(f"{pin_err.value} probe thread(s) could not be pinned to CPUs {cpus[:threads]}")
+    return list(out)
+
+
+def measure_read_bandwidth(threads: int, cpus=None, gib: float = 2.0, runs: int = 5, warmup: int = 1) -> float:
+    """Median read bandwidth in GB/s (1e9 B/s) of `threads` pinned threads over a `gib` GiB buffer."""
+    return statistics.median(measure_runs(threads, cpus, gib, runs, warmup))
+
+
+def sweep(thread_counts, cpus=None, gib: float = 2.0, runs: int = 5, warmup: int = 1) -> dict:
+    """{'kind', 'gib', 'runs', 'cpus', 'results': [{'threads', 'cpus', 'gbs_median', 'gbs_runs'}]}."""
+    cpus = list(ALLOWED_CPUS_AT_IMPORT if cpus is None else cpus)
+    results = []
+    for t in thread_counts:
+        r = measure_runs(t, cpus, gib, runs, warmup)
+        results.append({"threads": t, "cpus": cpus[:t], "gbs_median": statistics.median(r),
+                        "gbs_min": min(r), "gbs_max": max(r), "gbs_runs": r})
+    return {"kind": probe_kind(), "gib": gib, "runs": runs, "warmup": warmup, "cpus": cpus, "results": results}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.numa.bandwidth", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpus", default=None,
+                    help="taskset-style CPU list, thread t pinned to the t-th (default: allowed CPUs)")
+    ap.add_argument("--threads", default=None, help="thread counts, e.g. 1,2,4 or 1-8 (default: 1..len(cpus))")
+    ap.add_argument("--gib", type=float, default=2.0, help="buffer size in GiB (default 2)")
+    ap.add_argument("--runs", type=int, default=5, help="timed passes per thread count (median; default 5)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed passes first (default 1)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' = stdout only)")
+    a = ap.parse_args(argv)
+    cpus = parse_cpu_list(a.cpus) if a.cpus else list(ALLOWED_CPUS_AT_IMPORT)
+    counts = parse_int_list(a.threads) if a.threads else list(range(1, len(cpus) + 1))
+    if a.runs < 5:
+        print(f"note: --runs {a.runs} < 5; medians of so few passes are noisy", file=sys.stderr)
+    res = sweep(counts, cpus, a.gib, a.runs, a.warmup)
+    if a.json == "-":
+        json.dump(res, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"read bandwidth: {a.gib:g} GiB buffer, {res['kind']} loads, median of {a.runs} passes, cpus={cpus}")
+    print("| threads | cpus | GB/s median | min | max |")
+    print("|---:|---|---:|---:|---:|")
+    for r in res["results"]:
+        print(f"| {r['threads']} | {','.join(map(str, r['cpus']))} | {r['gbs_median']:.1f} "
+              f"| {r['gbs_min']:.1f} | {r['gbs_max']:.1f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2) + "\n")
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
