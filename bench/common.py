@@ -92,6 +92,7 @@ def header(title: str, threads=None, pools=None, extra: dict | None = None, file
         "isa": isa.describe(),
         "isa_active": isa.active(),
         "fallbacks": isa.fallbacks(),
+        "loadavg": loadavg(),
         "threads": list(threads) if threads is not None else None,
         "pin_plans": {str(t): p.pin_plan() for t, p in (pools or {}).items()},
     }
@@ -103,6 +104,7 @@ def header(title: str, threads=None, pools=None, extra: dict | None = None, file
     p(f"machine  {h['machine']}; {h['logical_cpus']} logical CPUs, allowed {h['allowed_cpus']}, "
       f"{h['numa_nodes']} NUMA node(s), {h['mem_gib']} GiB RAM; host {h['host']} {h['kernel']}")
     p(f"isa      {h['isa']}")
+    p(f"load     {h['loadavg']} (1/5/15 min; the host is shared, see 'others %' below)")
     p(f"python   {h['python']}  numpy {h['numpy']}  gemma4cpu {h['gemma4cpu']}")
     if threads is not None:
         p(f"threads  {','.join(map(str, threads))}")
@@ -112,6 +114,54 @@ def header(title: str, threads=None, pools=None, extra: dict | None = None, file
         p(f"{k:<8} {v}")
     p("")
     return h
+
+
+class CpuNoise:
+    """Share of the allowed CPUs' time spent by *other* processes (and hypervisor steal) between
+    start() and stop(): this host is shared, so a high value flags a noisy measurement.
+    Linux only (/proc); returns None elsewhere."""
+
+    def __init__(self, cpus=None):
+        self.cpus = set(ALLOWED_CPUS_AT_IMPORT if cpus is None else cpus)
+        self.t0 = None
+
+    def _sample(self):
+        try:
+            busy = total = 0
+            with open("/proc/stat") as f:
+                for line in f:
+                    if line.startswith("cpu") and line[3:4].isdigit():
+                        parts = line.split()
+                        if int(parts[0][3:]) not in self.cpus:
+                            continue
+                        v = [int(x) for x in parts[1:9]]  # user nice system idle iowait irq softirq steal
+                        total += sum(v)
+                        busy += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+            with open("/proc/self/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            mine = int(fields[11]) + int(fields[12])  # utime, stime (all threads)
+            return busy, total, mine
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def start(self):
+        self.t0 = self._sample()
+        return self
+
+    def stop(self) -> float | None:
+        """Percent of CPU time (of the allowed CPUs) used by others since start()."""
+        t1 = self._sample()
+        if self.t0 is None or t1 is None or t1[1] <= self.t0[1]:
+            return None
+        busy, total, mine = (b - a for a, b in zip(self.t0, t1))
+        return max(0.0, 100.0 * (busy - mine) / total)
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def median(xs) -> float:

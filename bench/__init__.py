@@ -1,0 +1,1 @@
+"""Benchmarks (not unit tests): see bench/README.md."""
