@@ -51,7 +51,8 @@ def cpu_model() -> str:
 
 def numa_nodes() -> int:
     try:
-        return len([p for p in os.listdir("/sys/devices/system/node") if p.startswith("node") and p[4:].isdigit()])
+        names = os.listdir("/sys/devices/system/node")
+        return len([p for p in names if p.startswith("node") and p[4:].isdigit()]) or 1
     except OSError:
         return 1
 
@@ -67,8 +68,10 @@ def mem_total_gib() -> float:
     return float("nan")
 
 
-def header(title: str, threads=None, pools=None, extra: dict | None = None, file=sys.stdout) -> dict:
-    """Print the standard bench header; returns it as a dict (for --json output).
+def header(title: str, threads=None, pools=None, extra: dict | None = None, file=None,
+           quiet: bool = False) -> dict:
+    """Print the standard bench header (to file, default stdout; quiet: don't); returns it as a
+    dict (for --json output) whose "lines" entry holds the printed lines.
 
     threads: the thread counts of the run; pools: {n_threads: gemma4cpu Pool} whose pin plans
     are printed (worker 0's tid is -1 until the pool has run once)."""
@@ -98,13 +101,14 @@ def header(title: str, threads=None, pools=None, extra: dict | None = None, file
     }
     if extra:
         h.update(extra)
-    p = lambda s: print(s, file=file)  # noqa: E731
+    lines: list[str] = []
+    p = lines.append
     p(f"# {title}")
     p(f"date     {h['date_utc']}")
     p(f"machine  {h['machine']}; {h['logical_cpus']} logical CPUs, allowed {h['allowed_cpus']}, "
       f"{h['numa_nodes']} NUMA node(s), {h['mem_gib']} GiB RAM; host {h['host']} {h['kernel']}")
     p(f"isa      {h['isa']}")
-    p(f"load     {h['loadavg']} (1/5/15 min; the host is shared, see 'others %' below)")
+    p(f"load     {h['loadavg']} (1/5/15 min)")
     p(f"python   {h['python']}  numpy {h['numpy']}  gemma4cpu {h['gemma4cpu']}")
     if threads is not None:
         p(f"threads  {','.join(map(str, threads))}")
@@ -112,7 +116,9 @@ def header(title: str, threads=None, pools=None, extra: dict | None = None, file
         p(f"pin plan {t} thread(s): " + ", ".join(f"w{w}->cpu{c} tid{tid}" for w, c, tid in plan))
     for k, v in (extra or {}).items():
         p(f"{k:<8} {v}")
-    p("")
+    h["lines"] = lines
+    if not quiet:
+        print("\n".join(lines) + "\n", file=file or sys.stdout)
     return h
 
 
@@ -177,7 +183,8 @@ def timed(fn) -> float:
 def md_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
     """Markdown table; align is one char per column: 'l' or 'r' (default: first l, rest r)."""
     align = align or ("l" + "r" * (len(headers) - 1))
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
+    out = ["| " + " | ".join(headers) + " |",
+           "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
 

@@ -75,7 +75,9 @@ typedef struct {
     pthread_barrier_t bar;
     double *pass_s;          /* passes entries, written by thread 0 */
     int pin_errors;          /* threads whose pinning failed */
+    int go;                  /* 0: wait, 1: run, -1: creating a thread failed, exit */
     pthread_mutex_t mu;
+    pthread_cond_t cv;
 } g4bw_ctx;
 
 typedef struct {
@@ -86,6 +88,11 @@ typedef struct {
 static void *worker(void *argp) {
     g4bw_arg *a = (g4bw_arg *)argp;
     g4bw_ctx *c = a->c;
+    pthread_mutex_lock(&c->mu);
+    while (c->go == 0) pthread_cond_wait(&c->cv, &c->mu);
+    const int go = c->go;
+    pthread_mutex_unlock(&c->mu);
+    if (go < 0) return NULL;
     if (c->cpus) {
         cpu_set_t set;
         CPU_ZERO(&set);
@@ -155,22 +162,28 @@ int g4bw_measure(int n_threads, const int *cpus, size_t bytes, int warmup, int r
     }
     pthread_barrier_init(&c.bar, NULL, (unsigned)n_threads);
     pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
     int started = 0;
     for (int i = 0; i < n_threads; i++) {
         args[i].c = &c;
         args[i].ith = i;
         int e = pthread_create(&th[i], NULL, worker, &args[i]);
         if (e != 0) {
-            /* cannot recover: the barrier counts n_threads. Should not happen for sane counts. */
             snprintf(msg, msg_len, "pthread_create failed for thread %d: %s", i, strerror(e));
-            fprintf(stderr, "g4bw: %s\n", msg);
-            abort();
+            rc = e;
+            break;
         }
         started++;
     }
+    pthread_mutex_lock(&c.mu);
+    c.go = rc == 0 ? 1 : -1; /* the barrier counts n_threads: run only if all started */
+    pthread_cond_broadcast(&c.cv);
+    pthread_mutex_unlock(&c.mu);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     pthread_barrier_destroy(&c.bar);
+    pthread_cond_destroy(&c.cv);
     pthread_mutex_destroy(&c.mu);
+    if (rc != 0) goto done;
     for (int r = 0; r < runs; r++) out_gbs[r] = (double)total / c.pass_s[warmup + r] / 1e9;
     if (out_pin_errors) *out_pin_errors = c.pin_errors;
 done:

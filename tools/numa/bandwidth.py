@@ -117,9 +117,9 @@ def _load():
         lib = ctypes.CDLL(str(_compile()))
         lib.g4bw_kind.restype = ctypes.c_char_p
         lib.g4bw_measure.restype = ctypes.c_int
-        lib.g4bw_measure.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_size_t, ctypes.c_int,
-                                     ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int),
-                                     ctypes.c_char_p, ctypes.c_size_t]
+        lib.g4bw_measure.argtypes = [
+            ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+            ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t]
         _lib = lib
     return _lib
 
@@ -150,7 +150,8 @@ def measure_runs(threads: int, cpus=None, gib: float = 2.0, runs: int = 5, warmu
     return list(out)
 
 
-def measure_read_bandwidth(threads: int, cpus=None, gib: float = 2.0, runs: int = 5, warmup: int = 1) -> float:
+def measure_read_bandwidth(threads: int, cpus=None, gib: float = 2.0, runs: int = 5,
+                           warmup: int = 1) -> float:
     """Median read bandwidth in GB/s (1e9 B/s) of `threads` pinned threads over a `gib` GiB buffer."""
     return statistics.median(measure_runs(threads, cpus, gib, runs, warmup))
 
@@ -163,14 +164,16 @@ def sweep(thread_counts, cpus=None, gib: float = 2.0, runs: int = 5, warmup: int
         r = measure_runs(t, cpus, gib, runs, warmup)
         results.append({"threads": t, "cpus": cpus[:t], "gbs_median": statistics.median(r),
                         "gbs_min": min(r), "gbs_max": max(r), "gbs_runs": r})
-    return {"kind": probe_kind(), "gib": gib, "runs": runs, "warmup": warmup, "cpus": cpus, "results": results}
+    return {"kind": probe_kind(), "gib": gib, "runs": runs, "warmup": warmup, "cpus": cpus,
+            "results": results}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.numa.bandwidth", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpus", default=None,
                     help="taskset-style CPU list, thread t pinned to the t-th (default: allowed CPUs)")
-    ap.add_argument("--threads", default=None, help="thread counts, e.g. 1,2,4 or 1-8 (default: 1..len(cpus))")
+    ap.add_argument("--threads", default=None,
+                    help="thread counts, e.g. 1,2,4 or 1-8 (default: 1..len(cpus))")
     ap.add_argument("--gib", type=float, default=2.0, help="buffer size in GiB (default 2)")
     ap.add_argument("--runs", type=int, default=5, help="timed passes per thread count (median; default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed passes first (default 1)")
@@ -185,7 +188,8 @@ def main(argv=None) -> int:
         json.dump(res, sys.stdout, indent=2)
         print()
         return 0
-    print(f"read bandwidth: {a.gib:g} GiB buffer, {res['kind']} loads, median of {a.runs} passes, cpus={cpus}")
+    print(f"read bandwidth: {a.gib:g} GiB buffer, {res['kind']} loads, median of {a.runs} passes, "
+          f"cpus={cpus}")
     print("| threads | cpus | GB/s median | min | max |")
     print("|---:|---|---:|---:|---:|")
     for r in res["results"]:

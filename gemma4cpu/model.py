@@ -1,0 +1,162 @@
+"""Gemma 3 / Gemma 4 (dense) forward pass over the C kernels (spec section 2).
+
+Matrix products go through one pool call each (gemma4cpu.kernels.matmul); the small per-token
+vector work (norms, RoPE, activations) is numpy on preallocated-size arrays. Attention is a
+numpy reference over the cache for now; the C flash-attention kernel replaces it.
+
+Shapes: n = tokens in this call, D = n_embd, hd = head dim of the layer, Hq / Hkv heads.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from gemma4cpu import kernels as K
+from gemma4cpu.config import ModelConfig
+from gemma4cpu.gguf_io import GGUFFile
+from gemma4cpu.weights import Mat, load_weights
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """x (..., d) float32 -> x * (mean(x^2) + eps)^-1/2 * w (weight-less when w is None)."""
+    ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True, dtype=np.float32)
+    y = x * (1.0 / np.sqrt(ms + np.float32(eps))).astype(np.float32)
+    return y * w if w is not None else y
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def rope_tables(pos: np.ndarray, hd: int, n_rot: int, base: float, freq_factors: np.ndarray | None):
+    """cos, sin (n, hd/2) for NEOX pairing (i, i + hd/2); rotation angle pos * base^(-2i/n_rot) / factor_i;
+    dims with i >= n_rot/2 (or factor 1e30) are left unrotated (cos 1, sin 0)."""
+    half = hd // 2
+    i = np.arange(half, dtype=np.float64)
+    inv = np.where(i < n_rot // 2, base ** (-2.0 * i / n_rot), 0.0)
+    if freq_factors is not None:
+        inv = inv / freq_factors.astype(np.float64)
+    ang = pos.astype(np.float64)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x (n, H, hd) rotated in place-free NEOX style with cos/sin (n, hd/2)."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+
+class KVCache:
+    """Per producing layer, K and V rows by absolute position (float32, n_ctx positions)."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int):
+        self.n_ctx = n_ctx
+        self.k = {}
+        self.v = {}
+        for il in range(cfg.n_layer_kv):
+            shape = (n_ctx, cfg.n_head_kv[il], cfg.head_dim[il])
+            self.k[il] = np.zeros(shape, np.float32)
+            self.v[il] = np.zeros(shape, np.float32)
+        self.n = 0  # positions [0, n) are valid
+
+    def truncate(self, n: int):
+        if not 0 <= n <= self.n:
+            raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
+        self.n = n
+
+
+class Model:
+    """A loaded target model: `forward(tokens)` appends them to the cache and returns logits."""
+
+    def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, threads: int | None = None,
+                 cpus: list[int] | None = None):
+        self.file = GGUFFile(path)
+        self.cfg = ModelConfig.from_gguf(self.file)
+        self.w = load_weights(self.file, self.cfg)
+        if n_ctx < 1:
+            raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
+        self.n_ctx = n_ctx
+        if threads is None:
+            threads = len(cpus) if cpus else len(os.sched_getaffinity(0))
+        self.pool = K.Pool(threads, cpus)
+        self.cache = KVCache(self.cfg, n_ctx)
+
+    def _mm(self, m: Mat, x: np.ndarray) -> np.ndarray:
+        return K.matmul(self.pool, m.type_id, m.rows, m.n_in, x)
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        rows = np.ascontiguousarray(self.w.token_embd.rows[tokens])
+        x = K.dequantize(self.w.token_embd.type_id, rows, self.cfg.n_embd)
+        return x * np.float32(self.cfg.embed_scale)
+
+    def _attention(self, il: int, q: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """q (n, Hq, hd) at absolute positions pos -> (n, Hq*hd), over the cache of kv_source[il]."""
+        cfg = self.cfg
+        src = cfg.kv_source[il]
+        n_kv = int(pos[-1]) + 1
+        K_ = self.cache.k[src][:n_kv]            # (n_kv, Hkv, hd)
+        V_ = self.cache.v[src][:n_kv]
+        g = cfg.n_head // cfg.n_head_kv[src]
+        kpos = np.arange(n_kv)
+        mask = kpos[None, :] <= pos[:, None]      # (n, n_kv) causal
+        if cfg.is_swa[il]:
+            mask &= (pos[:, None] - kpos[None, :]) < cfg.sliding_window
+        out = np.empty(q.shape, np.float32)
+        for h in range(cfg.n_head):
+            s = (q[:, h, :] @ K_[:, h // g, :].T) * np.float32(cfg.attn_scale)   # (n, n_kv)
+            s = np.where(mask, s, -np.inf)
+            s = s - s.max(axis=1, keepdims=True)
+            p = np.exp(s)
+            p /= p.sum(axis=1, keepdims=True)
+            out[:, h, :] = p @ V_[:, h // g, :]
+        return out.reshape(q.shape[0], -1)
+
+    def forward(self, tokens, logits_for: str = "last") -> tuple[np.ndarray, np.ndarray]:
+        """Append `tokens` at positions cache.n .. cache.n + n - 1. Returns (logits, hidden):
+        logits (m, V) for the last row ('last') or every row ('all'); hidden (n, D) post-final-norm."""
+        cfg, w = self.cfg, self.w
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = tokens.size
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        if tokens.min() < 0 or tokens.max() >= cfg.n_vocab:
+            raise ValueError(f"token ids must be in [0, {cfg.n_vocab}), got {tokens.min()}..{tokens.max()}")
+        p0 = self.cache.n
+        if p0 + n > self.n_ctx:
+            raise ValueError(f"context full: {p0} + {n} tokens > n_ctx={self.n_ctx}")
+        pos = np.arange(p0, p0 + n)
+        x = self.embed(tokens)                                        # (n, D)
+        for il, lw in enumerate(w.layers):
+            hd, hq = cfg.head_dim[il], cfg.n_head
+            cos, sin = rope_tables(pos, hd, cfg.rope_dim[il], cfg.rope_base[il], lw.rope_freq_factors)
+            a = rmsnorm(x, lw.attn_norm, cfg.eps)
+            q = self._mm(lw.attn_q, a).reshape(n, hq, hd)
+            q = apply_rope(rmsnorm(q, lw.attn_q_norm, cfg.eps), cos, sin)
+            if lw.attn_k is not None:
+                hkv = cfg.n_head_kv[il]
+                kraw = self._mm(lw.attn_k, a).reshape(n, hkv, hd)
+                vraw = self._mm(lw.attn_v, a).reshape(n, hkv, hd) if lw.attn_v is not None else kraw
+                k = apply_rope(rmsnorm(kraw, lw.attn_k_norm, cfg.eps), cos, sin)
+                v = rmsnorm(vraw, None, cfg.eps) if cfg.v_norm else vraw
+                self.cache.k[il][p0:p0 + n] = k
+                self.cache.v[il][p0:p0 + n] = v
+            o = self._attention(il, q, pos)
+            x = x + rmsnorm(self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps)
+            f = rmsnorm(x, lw.ffn_norm, cfg.eps)
+            m = gelu_tanh(self._mm(lw.ffn_gate, f)) * self._mm(lw.ffn_up, f)
+            x = x + rmsnorm(self._mm(lw.ffn_down, m), lw.post_ffw_norm, cfg.eps)
+            if lw.layer_output_scale != 1.0:
+                x = x * np.float32(lw.layer_output_scale)
+        self.cache.n = p0 + n
+        hidden = rmsnorm(x, w.output_norm, cfg.eps)                  # (n, D)
+        rows = hidden[-1:] if logits_for == "last" else hidden
+        logits = self._mm(w.output, rows)                             # (m, V)
+        if cfg.final_softcap:
+            c = np.float32(cfg.final_softcap)
+            logits = np.tanh(logits / c) * c
+        return logits, hidden
