@@ -12,6 +12,7 @@ Variants (all vocab 512, hidden 64, sliding window 8 so a 20-token prompt crosse
   e       Gemma 4 E-style, 10 layers 4:1 (full at 4, 9), per-layer embeddings (Dp 16), the last 5
           layers KV-shared (sliding ones read layer 3, full ones read layer 4, as in E2B), double-wide MLP
   gemma3  Gemma3ForCausalLM, 7 layers [s s s s s F s], query_pre_attn_scalar = head_dim
+  assistant  Gemma4AssistantForCausalLM drafter for `dense` (4 layers [s s s F], hidden 32)
 
 Requires torch and transformers; nothing else in gemma4cpu imports this module.
 """
@@ -83,7 +84,8 @@ def gemma4_dense(seed: int = 0):
     from transformers import Gemma4ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = _common_gemma4(num_hidden_layers=7, attention_k_eq_v=True, num_global_key_value_heads=1)
+    types = ["sliding_attention"] * 5 + ["full_attention"] * 2  # what the 5:1 default + forced-last gives
+    cfg = _common_gemma4(num_hidden_layers=7, layer_types=types, attention_k_eq_v=True, num_global_key_value_heads=1)
     return _finish(Gemma4ForCausalLM(cfg), seed)
 
 
@@ -151,7 +153,30 @@ def gemma3(seed: int = 0):
     return _finish(Gemma3ForCausalLM(cfg), seed, gemma3=True)
 
 
-BUILDERS = {"dense": gemma4_dense, "moe": gemma4_moe, "e": gemma4_e, "gemma3": gemma3}
+def gemma4_assistant(seed: int = 0):
+    """MTP assistant for the `dense` target (backbone hidden 64): 4 layers [s s s F], hidden 32,
+    every layer KV-shared (reads the target's cache), kv heads / head dims matching the target."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    torch.manual_seed(seed)
+    text = _common_gemma4(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        attention_k_eq_v=True,
+        num_global_key_value_heads=1,
+        final_logit_softcapping=None,
+    )
+    cfg = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=HIDDEN)
+    cfg._attn_implementation = "eager"
+    m = Gemma4AssistantForCausalLM(cfg)
+    m.generation_config.num_assistant_tokens = 3
+    return _finish(m, seed)
+
+
+BUILDERS = {"dense": gemma4_dense, "moe": gemma4_moe, "e": gemma4_e, "gemma3": gemma3,
+            "assistant": gemma4_assistant}
 
 
 def save(model, path) -> None:

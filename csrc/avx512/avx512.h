@@ -1,0 +1,43 @@
+/* avx512.h: prototypes and small shared helpers of the avx512 (F+BW+VL+DQ+VNNI) table.
+ * Every kernel here reproduces the scalar reference (csrc/ref/) bit for bit; see g4_kernels.h. */
+#ifndef G4_AVX512_H
+#define G4_AVX512_H
+
+#include <immintrin.h>
+
+#include "../g4_blocks.h"
+#include "../g4_impl.h"
+
+G4_DECLARE_ISA(avx512)
+
+#define G4_AI static inline __attribute__((always_inline))
+
+/* Exact f16 -> f32 for 16 lanes, bit-identical to g4_fp16_to_fp32 including NaN payloads
+ * (vcvtph2ps would quiet a signalling NaN; the reference keeps the bits). */
+G4_AI __m512 g4x_half16_to_ps(__m256i h) {
+    const __m512 f = _mm512_cvtph_ps(h);
+    const __m512i w = _mm512_cvtepu16_epi32(h);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7fff)),
+                                                   _mm512_set1_epi32(0x7c00));
+    if (__builtin_expect(nan == 0, 1)) return f;
+    const __m512i bits = _mm512_or_si512(
+        _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x8000)), 16),
+        _mm512_or_si512(_mm512_set1_epi32(0x7f800000), _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x3ff)), 13)));
+    return _mm512_mask_blend_ps(nan, f, _mm512_castsi512_ps(bits));
+}
+
+/* One merge step of a transposed horizontal reduction: lanes whose bit H is clear get
+ * a[i] + a[i^H], lanes whose bit H is set get b[i] + b[i^H]. Integer adds: exact. */
+G4_AI __m512i g4x_merge(__m512i a, __m512i b, const int h) {
+    const __mmask16 m = h == 1 ? 0xAAAA : h == 2 ? 0xCCCC : h == 4 ? 0xF0F0 : 0xFF00;
+    const __m512i c1 = _mm512_mask_blend_epi32(m, a, b);
+    const __m512i c2 = _mm512_mask_blend_epi32(m, b, a);
+    __m512i s;
+    if (h == 1) s = _mm512_shuffle_epi32(c2, _MM_PERM_CDAB);
+    else if (h == 2) s = _mm512_shuffle_epi32(c2, _MM_PERM_BADC);
+    else if (h == 4) s = _mm512_shuffle_i32x4(c2, c2, 0xB1);
+    else s = _mm512_shuffle_i32x4(c2, c2, 0x4E);
+    return _mm512_add_epi32(c1, s);
+}
+
+#endif

@@ -1,0 +1,214 @@
+/* gemm_k_avx512.c: Q4_K and Q5_K weights x Q8_K activations, avx512 + VNNI, n_tok = 1..16.
+ *
+ * Arithmetic (bit-identical to gemm_ref.c): per block an exact int32 S = sum_j sc_j * isum_j and
+ * M = sum_j m_j * bsum32_j, then acc = acc + ((d*d8)*(float)S - (dmin*d8)*(float)M) in block order.
+ *
+ * Layout trick: the activations of a chunk of blocks are copied once per call into a stack buffer
+ * with their 8-byte pieces transposed, so that vector v (v = 0..3) of a block holds bytes
+ * 8v..8v+7 of each of the 8 sub-blocks. The weight nibbles are unpacked to the same order
+ * (one vpermt2q + shift + and per vector), so one vpdpbusd chain of 4 gives a vector whose int32
+ * lane l belongs to sub-block l/2 for every lane: the scales are then applied with a single
+ * vpackssdw + vpmaddwd for two (row, token) items at once, and the mins likewise from bsums.
+ * 16 items (rows x tokens of one block) are reduced together by a transposed merge tree and the
+ * per-block float ops run on 16 lanes. Each weight block is loaded and unpacked once for all tokens.
+ */
+#include "avx512.h"
+
+#define XS 320                   /* buffer bytes per (block, token): 256 permuted qs + 64 bsums */
+#define XBUF (112 * 1024)        /* stack budget for the permuted activations of one chunk */
+
+/* copy activations of blocks [c0, c0+kc) of n tokens into the permuted buffer */
+static void k_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, uint8_t *xp, float *dx) {
+    for (int b = 0; b < kc; b++)
+        for (int t = 0; t < n; t++) {
+            const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xrb) + c0 + b;
+            uint64_t *d = (uint64_t *)(xp + ((size_t)b * n + t) * XS);
+            uint64_t s[32];
+            memcpy(s, xb->qs, 256);
+            for (int v = 0; v < 4; v++)
+                for (int j = 0; j < 8; j++) d[8 * v + j] = s[4 * j + v];
+            uint64_t bs[4];
+            memcpy(bs, xb->bsums, 32);
+            for (int q = 0; q < 4; q++) d[32 + 2 * q] = d[32 + 2 * q + 1] = bs[q];
+            dx[b * 16 + t] = xb->d;
+        }
+}
+
+/* lane i of the reduced vectors holds item it(i) (see g4x_merge tree below) */
+G4_AI int k_item_of_lane(int i) { return 2 * ((i & 1) + 2 * ((i >> 2) & 1) + 4 * ((i >> 3) & 1)) + ((i >> 1) & 1); }
+
+G4_AI void k_unpack_scales(const uint8_t *s12, uint64_t *sc8, uint64_t *mn8) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s12, 4);
+    memcpy(&u1, s12 + 4, 4);
+    memcpy(&u2, s12 + 8, 4);
+    const uint32_t s03 = u0 & 0x3f3f3f3fu, m03 = u1 & 0x3f3f3f3fu;
+    const uint32_t s47 = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
+    const uint32_t m47 = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
+    *sc8 = (uint64_t)s03 | ((uint64_t)s47 << 32);
+    *mn8 = (uint64_t)m03 | ((uint64_t)m47 << 32);
+}
+
+/* One group of R = 16/NT rows x NT tokens over blocks [0, kc) of the chunk. Q5 selects Q5_K. */
+G4_AI void k_group(const int NT, const int Q5, const uint8_t *const *wrow, const uint8_t *xp, const float *dx,
+                   int kc, __m512 *accp, const __m512i rowidx, const __m512i tokidx) {
+    const int R = 16 / NT, NI = R * NT;
+    const size_t BB = Q5 ? 176 : 144;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i sh = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
+    /* byte pattern: int16 lanes [sa_2q sa_2q sa_2q+1 sa_2q+1 sb_2q sb_2q sb_2q+1 sb_2q+1] in 128-bit lane q */
+    const __m512i pat = _mm512_set_epi8(
+        -1, 15, -1, 15, -1, 14, -1, 14, -1, 7, -1, 7, -1, 6, -1, 6,
+        -1, 13, -1, 13, -1, 12, -1, 12, -1, 5, -1, 5, -1, 4, -1, 4,
+        -1, 11, -1, 11, -1, 10, -1, 10, -1, 3, -1, 3, -1, 2, -1, 2,
+        -1, 9, -1, 9, -1, 8, -1, 8, -1, 1, -1, 1, -1, 0, -1, 0);
+    __m512 acc = *accp;
+    for (int b = 0; b < kc; b++) {
+        __m512i D[16], D2[16];
+        uint64_t sc8[16], mn8[16];
+        uint32_t dwm[16];
+        for (int i = 0; i < R; i++) {
+            const uint8_t *blk = wrow[i] + (size_t)b * BB;
+            k_unpack_scales(blk + 4, &sc8[i], &mn8[i]);
+            memcpy(&dwm[i], blk, 4);
+            const uint8_t *qs = blk + (Q5 ? 48 : 16);
+            const __m512i Q0 = _mm512_loadu_si512(qs), Q1 = _mm512_loadu_si512(qs + 64);
+            __m512i W[4];
+            for (int v = 0; v < 4; v++) {
+                const __m512i idx = _mm512_setr_epi64(v, v, 4 + v, 4 + v, 8 + v, 8 + v, 12 + v, 12 + v);
+                W[v] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(Q0, idx, Q1), sh), m4);
+                if (Q5) {
+                    uint64_t qh;
+                    memcpy(&qh, blk + 16 + 8 * v, 8);
+                    const __m512i hq = _mm512_set1_epi64((long long)qh);
+                    /* byte p of vector v: sub-block j = p/8, element 8v + p%8 -> bit j of qh[8v + p%8] */
+                    const __m512i bm = _mm512_set_epi64(0x8080808080808080ll, 0x4040404040404040ll, 0x2020202020202020ll,
+                                                        0x1010101010101010ll, 0x0808080808080808ll, 0x0404040404040404ll,
+                                                        0x0202020202020202ll, 0x0101010101010101ll);
+                    W[v] = _mm512_mask_add_epi8(W[v], _mm512_test_epi8_mask(hq, bm), W[v], _mm512_set1_epi8(16));
+                }
+            }
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *xv = xp + ((size_t)b * NT + t) * XS;
+                if (!Q5) {
+                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
+                    d = _mm512_dpbusd_epi32(d, W[1], _mm512_loadu_si512(xv + 64));
+                    d = _mm512_dpbusd_epi32(d, W[2], _mm512_loadu_si512(xv + 128));
+                    D[i * NT + t] = _mm512_dpbusd_epi32(d, W[3], _mm512_loadu_si512(xv + 192));
+                } else { /* 5-bit weights: two chains so every lane fits int16 */
+                    const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
+                    const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[2], _mm512_loadu_si512(xv + 128));
+                    D[i * NT + t] = _mm512_dpbusd_epi32(d0, W[1], _mm512_loadu_si512(xv + 64));
+                    D2[i * NT + t] = _mm512_dpbusd_epi32(d1, W[3], _mm512_loadu_si512(xv + 192));
+                }
+            }
+        }
+        __m512i Sv[8], Mv[8];
+        for (int p = 0; p < 8; p++) {
+            const int ia = 2 * p, ib = 2 * p + 1;
+            if (ia >= NI) { Sv[p] = Mv[p] = _mm512_setzero_si512(); continue; }
+            const int ra = ia / NT, ta = ia % NT;
+            const int hasb = ib < NI;
+            const int rb = hasb ? ib / NT : ra, tb = hasb ? ib % NT : ta;
+            const __m512i scp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)sc8[rb], (long long)sc8[ra])), pat);
+            const __m512i mnp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)mn8[rb], (long long)mn8[ra])), pat);
+            const __m512i db = hasb ? D[ib] : _mm512_setzero_si512();
+            __m512i s = _mm512_madd_epi16(_mm512_packs_epi32(D[ia], db), scp);
+            if (Q5) s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_packs_epi32(D2[ia], hasb ? D2[ib] : _mm512_setzero_si512()), scp));
+            Sv[p] = s;
+            const __m512i bsa = _mm512_loadu_si512(xp + ((size_t)b * NT + ta) * XS + 256);
+            const __m512i bs = hasb ? _mm512_mask_loadu_epi64(bsa, 0xAA, xp + ((size_t)b * NT + tb) * XS + 256)
+                                    : _mm512_maskz_mov_epi64(0x55, bsa);
+            Mv[p] = _mm512_madd_epi16(bs, mnp);
+        }
+        __m512i U[4], V[4], T[2], X[2];
+        for (int u = 0; u < 4; u++) { U[u] = g4x_merge(Sv[2 * u], Sv[2 * u + 1], 1); V[u] = g4x_merge(Mv[2 * u], Mv[2 * u + 1], 1); }
+        for (int u = 0; u < 2; u++) { T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 4); X[u] = g4x_merge(V[2 * u], V[2 * u + 1], 4); }
+        const __m512i S = g4x_merge(T[0], T[1], 8), M = g4x_merge(X[0], X[1], 8);
+        __m512i dm;
+        if (R == 1) dm = _mm512_set1_epi32((int)dwm[0]);
+        else dm = _mm512_permutexvar_epi32(rowidx, _mm512_loadu_si512(dwm));
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+        const __m512 d8 = NT == 1 ? _mm512_set1_ps(dx[b * 16]) : _mm512_permutexvar_ps(tokidx, _mm512_loadu_ps(dx + b * 16));
+        const __m512 dd = _mm512_mul_ps(dw, d8), dmm = _mm512_mul_ps(dmin, d8);
+        const __m512 tv = _mm512_sub_ps(_mm512_mul_ps(dd, _mm512_cvtepi32_ps(S)), _mm512_mul_ps(dmm, _mm512_cvtepi32_ps(M)));
+        acc = _mm512_add_ps(acc, tv);
+    }
+    *accp = acc;
+}
+
+G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
+                  int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
+    const int R = 16 / NT, NI = R * NT;
+    const size_t BB = Q5 ? 176 : 144;
+    const int64_t nb = k / QK_K;
+    int KC = XBUF / (NT * XS);
+    if (KC > nb) KC = (int)nb;
+    _Alignas(64) uint8_t xp[XBUF];
+    _Alignas(64) float dx[(XBUF / XS) * 16];
+    int rowof[16], tokof[16], valid[16];
+    for (int i = 0; i < 16; i++) {
+        const int it = k_item_of_lane(i);
+        valid[i] = it < NI;
+        rowof[i] = (it < NI ? it : 0) / NT;
+        tokof[i] = (it < NI ? it : 0) % NT;
+    }
+    const __m512i rowidx = _mm512_loadu_si512(rowof), tokidx = _mm512_loadu_si512(tokof);
+    for (int64_t c0 = 0; c0 < nb; c0 += KC) {
+        const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
+        k_prepare(x, xrb, NT, c0, kc, xp, dx);
+        for (int64_t r = r0; r < r1; r += R) {
+            const int nr = (int)(r1 - r < R ? r1 - r : R);
+            const uint8_t *wrow[16];
+            for (int i = 0; i < R; i++) wrow[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * BB;
+            _Alignas(64) float a[16];
+            for (int i = 0; i < 16; i++)
+                a[i] = (c0 > 0 && valid[i] && rowof[i] < nr) ? y[tokof[i] * ldy + r + rowof[i]] : 0.0f;
+            __m512 acc = _mm512_load_ps(a);
+            k_group(NT, Q5, wrow, xp, dx, kc, &acc, rowidx, tokidx);
+            _mm512_store_ps(a, acc);
+            for (int i = 0; i < 16; i++)
+                if (valid[i] && rowof[i] < nr) y[tokof[i] * ldy + r + rowof[i]] = a[i];
+        }
+    }
+}
+
+#define K_CASES(Q5)                                                                                   \
+    switch (n_tok) {                                                                                  \
+    case 1: k_gemm(1, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 2: k_gemm(2, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 3: k_gemm(3, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 4: k_gemm(4, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 5: k_gemm(5, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 6: k_gemm(6, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 7: k_gemm(7, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 8: k_gemm(8, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 9: k_gemm(9, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 10: k_gemm(10, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 11: k_gemm(11, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 12: k_gemm(12, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 13: k_gemm(13, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 14: k_gemm(14, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 15: k_gemm(15, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    default: k_gemm(16, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    }
+
+static void q4k_tile(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
+                     int64_t n_tok, int64_t k, int64_t r0, int64_t r1) { K_CASES(0) }
+static void q5k_tile(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
+                     int64_t n_tok, int64_t k, int64_t r0, int64_t r1) { K_CASES(1) }
+
+void g4_gemm_q4_K_q8_K_avx512(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,
+                              int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {
+    for (int64_t t = 0; t < n_tok; t += 16)
+        q4k_tile((const uint8_t *)w, wrb, (const uint8_t *)x + (size_t)t * xrb, xrb, y + t * ldy, ldy,
+                 n_tok - t < 16 ? n_tok - t : 16, k, r0, r1);
+}
+
+void g4_gemm_q5_K_q8_K_avx512(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,
+                              int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {
+    for (int64_t t = 0; t < n_tok; t += 16)
+        q5k_tile((const uint8_t *)w, wrb, (const uint8_t *)x + (size_t)t * xrb, xrb, y + t * ldy, ldy,
+                 n_tok - t < 16 ? n_tok - t : 16, k, r0, r1);
+}

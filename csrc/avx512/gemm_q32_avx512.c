@@ -1,0 +1,232 @@
+/* gemm_q32_avx512.c: Q8_0 / Q4_0 / Q5_0 weights x Q8_0 activations, and F32 / F16 / BF16 weights x
+ * float activations, avx512 + VNNI, n_tok = 1..16 (bit-identical to gemm_ref.c).
+ *
+ * 32-blocks: weights are unpacked to signed bytes two blocks per vector, once per row for all
+ * tokens. vpdpbusd needs an unsigned operand, so the activations are copied once per call into a
+ * stack buffer as x + 128 (u8), and each weight block's correction -128 * sum(w) (shared by every
+ * token) is the starting value of the dot product. 16 blocks of one (row, token) are reduced
+ * together by a merge tree; (float)isum * (d_w * d_x) is vectorised over the 16 blocks, and only
+ * the final acc = acc + p additions run in block order (scalar). */
+#include "avx512.h"
+
+#define QBUF (112 * 1024) /* stack budget for one chunk of biased activations (36 B per block) */
+
+G4_AI int q_lane_of_block(int beta) { return (beta >> 1) | ((beta & 1) << 3); }
+
+/* biased activations and f32 scales of blocks [c0, c0+kc) of n tokens; kcp = kc rounded up to 16 */
+static void q_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, int kcp, uint8_t *xu, float *dxp) {
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int t = 0; t < n; t++) {
+        const block_q8_0 *xb = (const block_q8_0 *)(x + (size_t)t * xrb) + c0;
+        uint8_t *u = xu + (size_t)t * kcp * 32;
+        float *d = dxp + (size_t)t * kcp;
+        for (int b = 0; b < kcp; b++) {
+            if (b < kc) {
+                _mm256_store_si256((__m256i *)(u + 32 * b), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xb[b].qs), bias));
+                d[(b & ~15) + q_lane_of_block(b & 15)] = g4_fp16_to_fp32(xb[b].d);
+            } else {
+                _mm256_store_si256((__m256i *)(u + 32 * b), _mm256_setzero_si256());
+                d[(b & ~15) + q_lane_of_block(b & 15)] = 0.0f;
+            }
+        }
+    }
+}
+
+enum { QT_Q8_0, QT_Q4_0, QT_Q5_0 };
+
+/* signed weights of blocks b, b+1 (b+1 only if two) of a row, 32 bytes each */
+G4_AI __m512i q_unpack2(const int QT, const uint8_t *p, const int BB, int two) {
+    if (QT == QT_Q8_0) {
+        const __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
+        if (!two) return _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
+        return _mm512_inserti64x4(lo, _mm256_loadu_si256((const __m256i *)(p + BB + 2)), 1);
+    }
+    const int off = QT == QT_Q4_0 ? 2 : 6;
+    const __m128i qa = _mm_loadu_si128((const __m128i *)(p + off));
+    const __m128i qb = two ? _mm_loadu_si128((const __m128i *)(p + BB + off)) : _mm_setzero_si128();
+    __m512i t = _mm512_castsi128_si512(qa);
+    t = _mm512_inserti32x4(t, qa, 1);
+    t = _mm512_inserti32x4(t, qb, 2);
+    t = _mm512_inserti32x4(t, qb, 3);
+    const __m512i sh = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+    __m512i v = _mm512_and_si512(_mm512_srlv_epi64(t, sh), _mm512_set1_epi8(0x0F));
+    if (QT == QT_Q4_0) {
+        v = _mm512_sub_epi8(v, _mm512_set1_epi8(8));
+    } else {
+        uint32_t ha, hb = 0;
+        memcpy(&ha, p + 2, 4);
+        if (two) memcpy(&hb, p + BB + 2, 4);
+        const __mmask64 hm = (__mmask64)ha | ((__mmask64)hb << 32);
+        v = _mm512_mask_add_epi8(v, hm, v, _mm512_set1_epi8(16));
+        v = _mm512_sub_epi8(v, _mm512_set1_epi8(16));
+    }
+    if (!two) v = _mm512_maskz_mov_epi64(0x0F, v);
+    return v;
+}
+
+G4_AI void q_row(const int NT, const int QT, const uint8_t *wr, const uint8_t *xu, const float *dxp, int kc, int kcp,
+                 float *acc) {
+    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    const __m512i ones80 = _mm512_set1_epi8((char)0x80);
+    __m512i gidx;
+    {
+        int o[16];
+        for (int i = 0; i < 16; i++) o[i] = BB * (2 * (i & 7) + (i >> 3));
+        gidx = _mm512_loadu_si512(o);
+    }
+    for (int g = 0; g < kc; g += 16) {
+        const int cnt = kc - g < 16 ? kc - g : 16;
+        const uint8_t *p = wr + (size_t)g * BB;
+        __m512i W[8], C[8];
+        for (int j = 0; j < 8; j++) {
+            const int b = 2 * j;
+            if (b < cnt) W[j] = q_unpack2(QT, p + (size_t)b * BB, BB, b + 1 < cnt);
+            else W[j] = _mm512_setzero_si512();
+            C[j] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones80, W[j]));
+        }
+        /* lane i <-> block 2*(i&7) + (i>>3) */
+        const __mmask16 vm = cnt == 16 ? 0xFFFF : (__mmask16)(((1u << ((cnt + 1) / 2)) - 1) | (((1u << (cnt / 2)) - 1) << 8));
+        const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), vm, gidx, p, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+        for (int t = 0; t < NT; t++) {
+            const uint8_t *xv = xu + ((size_t)t * kcp + g) * 32;
+            __m512i D[8];
+            for (int j = 0; j < 8; j++) D[j] = _mm512_dpbusd_epi32(C[j], _mm512_load_si512(xv + 64 * j), W[j]);
+            const __m512i U0 = g4x_merge(D[0], D[1], 1), U1 = g4x_merge(D[2], D[3], 1);
+            const __m512i U2 = g4x_merge(D[4], D[5], 1), U3 = g4x_merge(D[6], D[7], 1);
+            const __m512i T0 = g4x_merge(U0, U1, 2), T1 = g4x_merge(U2, U3, 2);
+            const __m512i S = g4x_merge(T0, T1, 4);
+            const __m512 dd = _mm512_mul_ps(dw, _mm512_load_ps(dxp + (size_t)t * kcp + g));
+            _Alignas(64) float pr[16];
+            _mm512_store_ps(pr, _mm512_mul_ps(_mm512_cvtepi32_ps(S), dd));
+            float a = acc[t];
+            if (cnt == 16) {
+                for (int j = 0; j < 8; j++) { a = a + pr[j]; a = a + pr[j + 8]; }
+            } else {
+                for (int b = 0; b < cnt; b++) a = a + pr[q_lane_of_block(b)];
+            }
+            acc[t] = a;
+        }
+    }
+}
+
+G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
+                  int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
+    const int64_t nb = k / 32;
+    int KC = (QBUF / (NT * 36)) & ~15;
+    if (KC > nb) KC = (int)nb;
+    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    _Alignas(64) uint8_t xu[QBUF];
+    _Alignas(64) float dxp[QBUF / 32];
+    for (int64_t c0 = 0; c0 < nb; c0 += KC) {
+        const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
+        const int kcp = (kc + 15) & ~15;
+        q_prepare(x, xrb, NT, c0, kc, kcp, xu, dxp);
+        for (int64_t r = r0; r < r1; r++) {
+            float acc[16];
+            for (int t = 0; t < NT; t++) acc[t] = c0 > 0 ? y[t * ldy + r] : 0.0f;
+            q_row(NT, QT, w + (size_t)r * wrb + (size_t)c0 * BB, xu, dxp, kc, kcp, acc);
+            for (int t = 0; t < NT; t++) y[t * ldy + r] = acc[t];
+        }
+    }
+}
+
+#define Q_CASES(QT)                                                                                   \
+    switch (n_tok) {                                                                                  \
+    case 1: q_gemm(1, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 2: q_gemm(2, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 3: q_gemm(3, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 4: q_gemm(4, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 5: q_gemm(5, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 6: q_gemm(6, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 7: q_gemm(7, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 8: q_gemm(8, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 9: q_gemm(9, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 10: q_gemm(10, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 11: q_gemm(11, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 12: q_gemm(12, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 13: q_gemm(13, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 14: q_gemm(14, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    case 15: q_gemm(15, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    default: q_gemm(16, QT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                \
+    }
+
+#define Q_ENTRY(NAME, QT)                                                                             \
+    static void NAME##_tile(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,     \
+                            int64_t ldy, int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {          \
+        Q_CASES(QT)                                                                                   \
+    }                                                                                                 \
+    void NAME(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,            \
+              int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {                                     \
+        for (int64_t t = 0; t < n_tok; t += 16)                                                       \
+            NAME##_tile((const uint8_t *)w, wrb, (const uint8_t *)x + (size_t)t * xrb, xrb,           \
+                        y + t * ldy, ldy, n_tok - t < 16 ? n_tok - t : 16, k, r0, r1);                \
+    }
+
+Q_ENTRY(g4_gemm_q8_0_q8_0_avx512, QT_Q8_0)
+Q_ENTRY(g4_gemm_q4_0_q8_0_avx512, QT_Q4_0)
+Q_ENTRY(g4_gemm_q5_0_q8_0_avx512, QT_Q5_0)
+
+/* ---- float weights: 16 lanes, lane l sums w[i]*x[i] for i % 16 == l, then the fixed fold ---- */
+enum { FT_F32, FT_F16, FT_BF16 };
+
+G4_AI __m512 f_load(const int FT, const uint8_t *p) {
+    if (FT == FT_F32) return _mm512_loadu_ps(p);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (FT == FT_F16) return _mm512_cvtph_ps(h); /* NaN payloads only differ by the quiet bit, which
+                                                    the first multiply sets anyway in both versions */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+G4_AI float f_fold(__m512 v) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    const __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(d);
+}
+
+G4_AI void f_gemm(const int NT, const int FT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
+                  int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
+    const int ES = FT == FT_F32 ? 4 : 2;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * wrb;
+        __m512 acc[16];
+        for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < k; i += 16) {
+            const __m512 wv = f_load(FT, wr + (size_t)i * ES);
+            for (int t = 0; t < NT; t++)
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(wv, _mm512_loadu_ps((const float *)(x + (size_t)t * xrb) + i)));
+        }
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = f_fold(acc[t]);
+    }
+}
+
+#define F_CASES(FT)                                                                                   \
+    switch (n_tok) {                                                                                  \
+    case 1: f_gemm(1, FT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 2: f_gemm(2, FT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 3: f_gemm(3, FT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 4: f_gemm(4, FT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 5: f_gemm(5, FT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 6: f_gemm(6, FT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 7: f_gemm(7, FT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 8: f_gemm(8, FT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    default: f_gemm(8, FT, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                 \
+    }
+
+#define F_ENTRY(NAME, FT)                                                                             \
+    static void NAME##_tile(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,     \
+                            int64_t ldy, int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {          \
+        F_CASES(FT)                                                                                   \
+    }                                                                                                 \
+    void NAME(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,            \
+              int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {                                     \
+        for (int64_t t = 0; t < n_tok; t += 8)                                                        \
+            NAME##_tile((const uint8_t *)w, wrb, (const uint8_t *)x + (size_t)t * xrb, xrb,           \
+                        y + t * ldy, ldy, n_tok - t < 8 ? n_tok - t : 8, k, r0, r1);                  \
+    }
+
+F_ENTRY(g4_gemm_f32_f32_avx512, FT_F32)
+F_ENTRY(g4_gemm_f16_f32_avx512, FT_F16)
+F_ENTRY(g4_gemm_bf16_f32_avx512, FT_BF16)

@@ -1,0 +1,71 @@
+/* g4_attn.h: flash attention over a KV cache, one call per layer (all heads, all query rows).
+ *
+ *   q       float32, n_q rows of n_head * hd, `q_stride` floats between rows (head h at h * hd)
+ *   q_pos   int32[n_q], absolute position of each query row
+ *   k, v    the cache: n_slots slots, each n_head_kv heads of hd values in `kv_type`
+ *           (G4_KV_F32, G4_KV_F16, G4_KV_Q8_0, G4_KV_Q4_0 - the quantised ones as 32-blocks along hd),
+ *           `kv_slot_bytes` bytes between slots (same for k and v)
+ *   kv_pos  int32[n_slots], the absolute position held by each slot, -1 for an empty slot
+ *           (a ring buffer's slots are in any order: masking is by position, never by slot index)
+ *   mask    slot s is visible to query row i iff kv_pos[s] >= 0 and kv_pos[s] <= q_pos[i] and
+ *           (window == 0 or q_pos[i] - kv_pos[s] < window)
+ *   GQA     query head h reads kv head h / (n_head / n_head_kv)
+ *   scale   applied to q.k before the softmax; softcap: if > 0, s = softcap * tanh(s / softcap)
+ *   out     float32, n_q rows of n_head * hd, `out_stride` floats between rows
+ * Online softmax over blocks of slots with float32 accumulation; a row that sees no slot gets 0.
+ * [i0, i1) x [h0, h1): the query rows and heads this call computes (threads split these).
+ */
+#ifndef G4_ATTN_H
+#define G4_ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { G4_KV_F32 = 0, G4_KV_F16 = 1, G4_KV_Q8_0 = 8, G4_KV_Q4_0 = 2 } g4_kv_type;
+
+typedef struct {
+    const float *q;
+    int64_t q_stride;
+    const int32_t *q_pos;
+    int64_t n_q;
+    const void *k;
+    const void *v;
+    size_t kv_slot_bytes;
+    const int32_t *kv_pos;
+    int64_t n_slots;
+    int kv_type;
+    int n_head, n_head_kv, hd;
+    int32_t window;
+    float scale, softcap;
+    float *out;
+    int64_t out_stride;
+} g4_attn_args;
+
+typedef void (*g4_attn_fn)(const g4_attn_args *a, int64_t i0, int64_t i1, int h0, int h1);
+
+typedef struct {
+    const char *isa;
+    g4_attn_fn flash_attn;
+} g4_attn_kernels;
+
+extern const g4_attn_kernels g4_attn_ref;
+extern const g4_attn_kernels g4_attn_avx2;
+extern const g4_attn_kernels g4_attn_avx512;
+
+/* Bytes of one slot's heads (k or v) for a cache type, 0 if hd is not valid for it. */
+size_t g4_kv_slot_bytes(int kv_type, int n_head_kv, int hd);
+/* Store n rows of (n_head_kv * hd) floats into cache slots (quantising as the type requires). */
+int g4_kv_store(int kv_type, const float *x, int64_t n, int n_head_kv, int hd, void *cache,
+                size_t slot_bytes, const int64_t *slots);
+struct g4_pool;
+/* Whole-layer attention over the pool with the active ISA's kernel; 0 or -1 with msg. */
+int g4_flash_attn(struct g4_pool *pool, const g4_attn_args *a, char *msg, size_t msg_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
