@@ -107,13 +107,17 @@ class Model:
         if cfg.is_swa[il]:
             mask &= (pos[:, None] - kpos[None, :]) < cfg.sliding_window
         out = np.empty(q.shape, np.float32)
-        for h in range(cfg.n_head):
-            s = (q[:, h, :] @ K_[:, h // g, :].T) * np.float32(cfg.attn_scale)   # (n, n_kv)
-            s = np.where(mask, s, -np.inf)
-            s = s - s.max(axis=1, keepdims=True)
-            p = np.exp(s)
-            p /= p.sum(axis=1, keepdims=True)
-            out[:, h, :] = p @ V_[:, h // g, :]
+        # one query row at a time (matrix-vector products): a row's result must not depend on
+        # how many rows share the call, or greedy speculative decoding would drift from plain
+        # decoding (quantised activations turn last-bit differences into whole quantisation steps)
+        for i in range(q.shape[0]):
+            vis = np.flatnonzero(mask[i])
+            for h in range(cfg.n_head):
+                kh = np.ascontiguousarray(K_[vis, h // g, :])
+                s = (kh @ q[i, h]) * np.float32(cfg.attn_scale)         # (n_vis,)
+                s = np.exp(s - s.max())
+                s /= s.sum()
+                out[i, h] = s @ V_[vis, h // g, :]
         return out.reshape(q.shape[0], -1)
 
     def forward(self, tokens, logits_for: str = "last") -> tuple[np.ndarray, np.ndarray]:

@@ -60,21 +60,26 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def attention(q, k, v, scale: float, window: int, softcap: float | None = None) -> np.ndarray:
-    """Causal (window = 0) or sliding-window attention over positions 0..n-1 with GQA.
+def attention(q, k, v, scale: float, window: int, softcap: float | None = None,
+              qpos: np.ndarray | None = None, kpos: np.ndarray | None = None) -> np.ndarray:
+    """Causal (window = 0) or sliding-window attention with GQA.
 
-    q (n, Hq, hd), k/v (n, Hkv, hd) -> (n, Hq, hd). Query head h uses kv head h // (Hq / Hkv).
-    Sliding: key j is visible from query i iff i - window < j <= i (spec 2.4 masks).
+    q (nq, Hq, hd) at positions qpos (nq,), k/v (nk, Hkv, hd) at positions kpos (nk,); both default
+    to 0..n-1. Returns (nq, Hq, hd). Query head h uses kv head h // (Hq / Hkv).
+    Key j is visible from query i iff kpos[j] <= qpos[i] and, sliding, qpos[i] - kpos[j] < window
+    (spec 2.4 masks: a window of W positions including the query's own).
     """
-    n, hq, _ = q.shape
+    hq = q.shape[1]
+    qpos = np.arange(q.shape[0]) if qpos is None else np.asarray(qpos)
+    kpos = np.arange(k.shape[0]) if kpos is None else np.asarray(kpos)
     g = hq // k.shape[1]
-    kk = np.repeat(k, g, axis=1)  # (n, Hq, hd)
+    kk = np.repeat(k, g, axis=1)  # (nk, Hq, hd)
     vv = np.repeat(v, g, axis=1)
-    s = np.einsum("ihd,jhd->hij", q, kk) * scale  # (Hq, n, n)
+    s = np.einsum("ihd,jhd->hij", q, kk) * scale  # (Hq, nq, nk)
     if softcap:
         s = softcap * np.tanh(s / softcap)
-    i = np.arange(n)[:, None]
-    j = np.arange(n)[None, :]
+    i = qpos[:, None]
+    j = kpos[None, :]
     visible = j <= i
     if window:
         visible &= j > i - window
@@ -97,7 +102,7 @@ class Model:
         self.r = GGUFReader(self.path)
         self.t = {t.name: t for t in self.r.tensors}
         self.arch = self._kv("general.architecture")
-        if self.arch not in ("gemma4", "gemma3"):
+        if self.arch not in ("gemma4", "gemma3", "gemma4-assistant"):
             raise ValueError(f"{path}: arch {self.arch!r} not supported by the reference model")
         self.cache = sum(int(np.prod(t.shape)) for t in self.r.tensors) <= CACHE_LIMIT
         self._w: dict[str, np.ndarray] = {}
@@ -139,8 +144,9 @@ class Model:
         self.n_shared_kv = int(self._a("attention.shared_kv_layers", 0))
         self.n_embd_pl = int(self._a("embedding_length_per_layer_input", 0))
         self.n_expert_used = int(self._a("expert_used_count", 0))
-        if a == "gemma4":
-            self.softcap = float(self._a("final_logit_softcapping", 30.0))  # spec 2.8: default 30
+        if a.startswith("gemma4"):
+            # spec 2.8: target default 30 when the key is missing; the assistant never caps (4.8-7)
+            self.softcap = float(self._a("final_logit_softcapping", 30.0 if a == "gemma4" else 0.0))
             self.attn_scale = 1.0  # spec 2.4
             self.attn_softcap = None
             self.rope_scale_full = 1.0
@@ -151,10 +157,12 @@ class Model:
             self.rope_scale_full = float(self._a("rope.scaling.factor", 1.0))
         self.n_vocab = self.t["token_embd.weight"].shape[1]
         # KV sharing (spec 2.6): layer l >= first_shared reads the last earlier non-shared layer of its type
+        # (the assistant shares every layer with the target: its K/V are passed in, see Assistant)
         first = L - self.n_shared_kv
         self.kv_src = list(range(L))
         for l in range(first, L):
-            self.kv_src[l] = max(j for j in range(first) if self.is_swa[j] == self.is_swa[l])
+            if a != "gemma4-assistant":
+                self.kv_src[l] = max(j for j in range(first) if self.is_swa[j] == self.is_swa[l])
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -247,15 +255,19 @@ class Model:
                 out[t] += wt[t, j] * (down[e] @ (gelu_tanh(gu[:I]) * gu[I:]))
         return out
 
-    def layer(self, l: int, h: np.ndarray, pos: np.ndarray, kv: dict, ple: np.ndarray | None) -> np.ndarray:
-        """Decoder layer l (spec 2.4): h (n, D) -> (n, D). kv[l] = (K, V) (n, Hkv, hd) for producers."""
+    def layer(self, l: int, h: np.ndarray, pos: np.ndarray, kv: dict, ple: np.ndarray | None,
+              kpos: np.ndarray | None = None) -> np.ndarray:
+        """Decoder layer l (spec 2.4): h (n, D) at positions pos -> (n, D).
+
+        kv[l] = (K, V) (nk, Hkv, hd) at positions kpos (default pos): written here by producer
+        layers, read by KV-shared ones; if kv already holds l (assistant), it is used as given."""
         p = f"blk.{l}."
         n, eps, hd = h.shape[0], self.eps, self.head_dim[l]
         g4 = self.arch == "gemma4"
         a = rmsnorm(h, self.w(p + "attn_norm.weight"), eps)
         q = self.matmul(a, p + "attn_q.weight").reshape(n, self.n_head, hd)
         q = rope_neox(rmsnorm(q, self.w(p + "attn_q_norm.weight"), eps), pos, self.inv_freq(l))
-        if self.kv_src[l] == l:
+        if self.kv_src[l] == l and l not in kv:
             kraw = self.matmul(a, p + "attn_k.weight").reshape(n, self.n_head_kv[l], hd)
             vraw = self.matmul(a, p + "attn_v.weight").reshape(n, self.n_head_kv[l], hd) \
                 if self.has(p + "attn_v.weight") else kraw  # K=V full layers
@@ -263,7 +275,8 @@ class Model:
             v = rmsnorm(vraw, None, eps) if g4 else vraw  # gemma4 v_norm: no weight
             kv[l] = (k, v)
         k, v = kv[self.kv_src[l]]
-        o = attention(q, k, v, self.attn_scale, self.window if self.is_swa[l] else 0, self.attn_softcap)
+        o = attention(q, k, v, self.attn_scale, self.window if self.is_swa[l] else 0, self.attn_softcap,
+                      qpos=pos, kpos=pos if kpos is None else kpos)
         o = self.matmul(o.reshape(n, -1), p + "attn_output.weight")
         h = h + rmsnorm(o, self.w(p + "post_attention_norm.weight"), eps)
 
@@ -281,8 +294,9 @@ class Model:
             h = h * self.w(p + "layer_output_scale.weight")[0]
         return h
 
-    def forward(self, tokens) -> tuple[np.ndarray, np.ndarray]:
-        """tokens (n,) at positions 0..n-1 -> (logits (n, V), post-final-norm hidden (n, D))."""
+    def forward(self, tokens, return_kv: bool = False):
+        """tokens (n,) at positions 0..n-1 -> (logits (n, V), post-final-norm hidden (n, D)),
+        plus {layer: (K (n, Hkv, hd), V)} of the KV-producing layers if return_kv."""
         tokens = np.asarray(tokens, dtype=np.int64)
         pos = np.arange(len(tokens))
         x = self.rows("token_embd.weight", tokens) * float(np.sqrt(self.n_embd))  # (n, D), spec 2.2
@@ -295,7 +309,7 @@ class Model:
         logits = self.matmul(hn, head)
         if self.softcap:
             logits = self.softcap * np.tanh(logits / self.softcap)
-        return logits, hn
+        return (logits, hn, kv) if return_kv else (logits, hn)
 
     def greedy(self, tokens, n_new: int) -> list[int]:
         """n_new greedy tokens after `tokens` (full recompute each step)."""
@@ -307,6 +321,49 @@ class Model:
             out.append(nxt)
             seq.append(nxt)
         return out
+
+
+class Assistant(Model):
+    """Gemma 4 MTP drafter (`gemma4-assistant` GGUF, spec 4.3): one draft step at a time.
+
+        target = Model("target.gguf"); drafter = Assistant("assistant.gguf")
+        logits, h, kv = target.forward(prompt, return_kv=True)      # P = len(prompt)
+        tok = argmax(logits[-1]);  d_logits, h_next = drafter.step(target, kv, tok, h[-1], P)
+
+    Visible target positions follow llama.cpp (spec 4.4): full layers [0, P-1], sliding layers
+    [P-W+1, P-1]. (HF keeps the last W+1 sliding entries instead; the two agree while P < W.)
+    """
+
+    def __init__(self, path, dtype=np.float64):
+        super().__init__(path, dtype)
+        if self.arch != "gemma4-assistant":
+            raise ValueError(f"{path}: arch {self.arch!r} is not gemma4-assistant")
+        self.n_embd_out = int(self._a("embedding_length_out"))
+
+    def target_layer(self, target: Model, l: int) -> int:
+        """Target layer whose K/V assistant layer l reads: the last non-KV-shared target layer of the
+        same type (spec 4.4)."""
+        first = target.n_layer - target.n_shared_kv
+        return max(j for j in range(first) if target.is_swa[j] == self.is_swa[l])
+
+    def step(self, target: Model, target_kv: dict, tok: int, h_prev: np.ndarray, pos: int):
+        """One draft step. tok: last token (position pos, not in target_kv); h_prev (D_t,): target
+        post-norm hidden of the row that produced tok (or the previous step's h_next);
+        target_kv: Model.forward(..., return_kv=True)[2] covering positions 0..pos-1.
+        Returns (logits (V,) without softcap, h_next (D_t,))."""
+        if target.n_embd != self.n_embd_out:
+            raise ValueError(f"assistant expects a target with D={self.n_embd_out}, got {target.n_embd}")
+        e = target.rows("token_embd.weight", [tok]) * float(np.sqrt(target.n_embd))  # (1, D_t)
+        x = np.concatenate([e, np.asarray(h_prev, dtype=self.dtype).reshape(1, -1)], axis=1)  # (1, 2 D_t)
+        z = self.matmul(x, "nextn.pre_projection.weight")  # (1, D_a)
+        P = np.array([pos])
+        for l in range(self.n_layer):
+            K, V = target_kv[self.target_layer(target, l)]  # (>= pos, Hkv, hd)
+            K, V = K[:pos].astype(self.dtype), V[:pos].astype(self.dtype)
+            z = self.layer(l, z, P, {l: (K, V)}, None, kpos=np.arange(pos))
+        zn = rmsnorm(z, self.w("output_norm.weight"), self.eps)  # (1, D_a)
+        logits = self.matmul(zn, "output.weight" if self.has("output.weight") else "token_embd.weight")
+        return logits[0], self.matmul(zn, "nextn.post_projection.weight")[0]
 
 
 def load(path, dtype=np.float64) -> Model:
