@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import gguf
+import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from gemma4cpu.convert_quant import can_quantize, quantize
@@ -177,7 +177,6 @@ def hparams_from_config(cfg: dict, arch: str, tensors: dict[str, _STensor], pref
         return t.shape if t is not None else None
 
     hd, kv, ff = [], [], []
-    hd_swa = int(tc.get("head_dim", 256))
     for i in range(L):
         qn = tshape(f"layers.{i}.self_attn.q_norm.weight")
         if qn is None:
@@ -490,7 +489,7 @@ class _Plan:
 
 
 def _pick_type(name: str, shape: tuple, outtype: T, log) -> T:
-    if len(shape) <= 1 or name.endswith("layer_output_scale.weight") or name.endswith(".scale"):
+    if len(shape) <= 1 or name.endswith(("layer_output_scale.weight", ".scale")):
         return T.F32
     if name.endswith("ffn_gate_inp.weight"):
         return T.F32  # router: tiny and precision-sensitive (llama.cpp never quantises it)
@@ -575,7 +574,7 @@ def convert(hf_dir, out, outtype: str = "f16", quiet: bool = False) -> Path:
         data = quantize(x, p.qtype)
         w.write_tensor_data(data)
         done += _nbytes(p.shape, T.F32)
-        log(f"[{i + 1:4d}/{len(plans)}] {p.name:40s} {str(tuple(reversed(p.shape))):22s} {p.qtype.name:5s} "
+        log(f"[{i + 1:4d}/{len(plans)}] {p.name:40s} {tuple(reversed(p.shape))!s:22s} {p.qtype.name:5s} "
             f"{100 * done / total:5.1f}% {time.time() - t0:6.1f}s")
     w.close()
     log(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")

@@ -47,13 +47,17 @@ def _fit_sub_blocks(x: np.ndarray):
     best_err = (w * (best_scale[:, None] * L0 + best_mn[:, None] - x) ** 2).sum(axis=1)
 
     sw = w.sum(axis=1)
-    sx = (w * x).sum(axis=1)
+    wx = w * x
+    sx = wx.sum(axis=1)
+    sxx = (wx * x).sum(axis=1)
+    shifted = x - xmin[:, None]  # (n, 32) >= 0
     for step in np.linspace(-1.0, 1.0, 21):
         iscale = (15.0 + step) / rng
-        L = np.clip(np.rint(iscale[:, None] * (x - xmin[:, None])), 0, 15)
-        sl = (w * L).sum(axis=1)
-        sl2 = (w * L * L).sum(axis=1)
-        sxl = (w * x * L).sum(axis=1)
+        L = np.minimum(np.rint(iscale[:, None] * shifted), 15.0)  # shifted >= 0, so L >= 0
+        wL = w * L
+        sl = wL.sum(axis=1)
+        sl2 = (wL * L).sum(axis=1)
+        sxl = (wx * L).sum(axis=1)
         det = sw * sl2 - sl * sl
         ok = det > 0
         det = np.where(ok, det, 1.0)
@@ -62,7 +66,9 @@ def _fit_sub_blocks(x: np.ndarray):
         pos = mn > 0  # min must be <= 0: refit scale alone through the origin
         scale = np.where(pos, sxl / np.where(sl2 > 0, sl2, 1.0), scale)
         mn = np.where(pos, 0.0, mn)
-        err = (w * (scale[:, None] * L + mn[:, None] - x) ** 2).sum(axis=1)
+        # sum w (scale L + mn - x)^2, expanded so no (n, 32) temporary is needed
+        err = (scale * scale * sl2 + 2 * scale * mn * sl + mn * mn * sw
+               - 2 * scale * sxl - 2 * mn * sx + sxx)
         better = ok & (scale > 0) & (err < best_err)
         best_err = np.where(better, err, best_err)
         best_scale = np.where(better, scale, best_scale)
@@ -73,13 +79,25 @@ def _fit_sub_blocks(x: np.ndarray):
     return best_scale, best_mn
 
 
+CHUNK_BLOCKS = 4096  # super-blocks per quantisation chunk: bounds the float64 temporaries (~50 MB)
+
+
 def quantize_q4_K(data: np.ndarray) -> np.ndarray:
     """data (..., k) float, k % 256 == 0 -> uint8 (..., k/256*144) Q4_K rows (gguf raw layout)."""
     data = np.asarray(data, dtype=np.float32)
     if data.shape[-1] % QK_K:
         raise ValueError(f"Q4_K needs the row length to be a multiple of {QK_K}, got {data.shape}")
     lead = data.shape[:-1]
-    x = data.reshape(-1, QK_K).astype(np.float64)  # (nb, 256)
+    flat = data.reshape(-1, QK_K)  # (nb, 256)
+    out = np.empty((flat.shape[0], Q4_K_BYTES), dtype=np.uint8)
+    for b0 in range(0, flat.shape[0], CHUNK_BLOCKS):
+        out[b0:b0 + CHUNK_BLOCKS] = _quantize_q4_K_blocks(flat[b0:b0 + CHUNK_BLOCKS])
+    return out.reshape(*lead, -1)
+
+
+def _quantize_q4_K_blocks(data: np.ndarray) -> np.ndarray:
+    """(nb, 256) float32 -> (nb, 144) uint8."""
+    x = data.astype(np.float64)  # (nb, 256)
     nb = x.shape[0]
     sub = x.reshape(nb * 8, 32)
     scale, mn = _fit_sub_blocks(sub)
@@ -113,7 +131,7 @@ def quantize_q4_K(data: np.ndarray) -> np.ndarray:
     sc[:, 8:12] = (ls[:, 4:8] & 15) | ((lm[:, 4:8] & 15) << 4)
     out[:, 4:16] = sc
     out[:, 16:] = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(nb, 128)
-    return out.reshape(*lead, -1)
+    return out
 
 
 def unpack_q4_K_scales(blocks: np.ndarray):

@@ -94,6 +94,40 @@ class Model:
         x = K.dequantize(self.w.token_embd.type_id, rows, self.cfg.n_embd)
         return x * np.float32(self.cfg.embed_scale)
 
+    def _per_layer_inputs(self, tokens: np.ndarray, x0: np.ndarray) -> np.ndarray:
+        """PLE (spec 2.3): ((RMSNorm(W_plmp x0 / sqrt(D)) + E_pl[tok] sqrt(Dp)) / sqrt(2)), (n, L, Dp)."""
+        cfg, w = self.cfg, self.w
+        L, Dp = cfg.n_layer, cfg.n_embd_per_layer
+        rows = np.ascontiguousarray(w.per_layer_token_embd.rows[tokens])
+        tok = K.dequantize(w.per_layer_token_embd.type_id, rows, L * Dp).reshape(-1, L, Dp)
+        tok = tok * np.float32(math.sqrt(Dp))
+        ctx = self._mm(w.per_layer_model_proj, x0).reshape(-1, L, Dp) * np.float32(cfg.n_embd ** -0.5)
+        ctx = rmsnorm(ctx, w.per_layer_proj_norm, cfg.eps)
+        return (ctx + tok) * np.float32(2 ** -0.5)
+
+    def _moe(self, moe, h: np.ndarray) -> np.ndarray:
+        """Expert branch (spec 2.7) on the residual h (n, D): router on RMSNorm0(h) * scale / sqrt(D),
+        softmax over all experts, top-k renormalised, times the per-expert scale."""
+        cfg = self.cfg
+        r = rmsnorm(h, None, cfg.eps) * moe.ffn_gate_inp_scale * np.float32(cfg.n_embd ** -0.5)
+        logits = self._mm(moe.ffn_gate_inp, r)                               # (n, E)
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        top = np.argsort(-p, axis=1, kind="stable")[:, :moe.n_used]          # (n, k)
+        wt = np.take_along_axis(p, top, axis=1)
+        wt = wt / wt.sum(axis=1, keepdims=True) * moe.down_scale[top]
+        e_in = rmsnorm(h, moe.pre_ffw_norm_2, cfg.eps)
+        out = np.zeros_like(h)
+        I = moe.gate_up[0].n_out // 2
+        for e in np.unique(top):
+            # one product per used expert over the tokens routed to it (a row's result does not
+            # depend on which other tokens share the call: the kernels are batch-invariant)
+            tok_idx, slot = np.nonzero(top == e)
+            gu = self._mm(moe.gate_up[e], np.ascontiguousarray(e_in[tok_idx]))
+            y = self._mm(moe.down[e], gelu_tanh(gu[:, :I]) * gu[:, I:])
+            out[tok_idx] += wt[tok_idx, slot][:, None] * y
+        return out
+
     def _attention(self, il: int, q: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """q (n, Hq, hd) at absolute positions pos -> (n, Hq*hd), over the cache of kv_source[il]."""
         cfg = self.cfg
@@ -135,6 +169,7 @@ class Model:
             raise ValueError(f"context full: {p0} + {n} tokens > n_ctx={self.n_ctx}")
         pos = np.arange(p0, p0 + n)
         x = self.embed(tokens)                                        # (n, D)
+        ple = self._per_layer_inputs(tokens, x) if cfg.n_embd_per_layer else None  # (n, L, Dp)
         for il, lw in enumerate(w.layers):
             hd, hq = cfg.head_dim[il], cfg.n_head
             cos, sin = rope_tables(pos, hd, cfg.rope_dim[il], cfg.rope_base[il], lw.rope_freq_factors)
@@ -152,8 +187,14 @@ class Model:
             o = self._attention(il, q, pos)
             x = x + rmsnorm(self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps)
             f = rmsnorm(x, lw.ffn_norm, cfg.eps)
-            m = gelu_tanh(self._mm(lw.ffn_gate, f)) * self._mm(lw.ffn_up, f)
-            x = x + rmsnorm(self._mm(lw.ffn_down, m), lw.post_ffw_norm, cfg.eps)
+            m = self._mm(lw.ffn_down, gelu_tanh(self._mm(lw.ffn_gate, f)) * self._mm(lw.ffn_up, f))
+            if lw.moe is not None:
+                m = rmsnorm(m, lw.moe.post_ffw_norm_1, cfg.eps) + rmsnorm(
+                    self._moe(lw.moe, x), lw.moe.post_ffw_norm_2, cfg.eps)
+            x = x + rmsnorm(m, lw.post_ffw_norm, cfg.eps)
+            if lw.ple is not None:
+                g = gelu_tanh(self._mm(lw.ple.inp_gate, x)) * ple[:, il, :]
+                x = x + rmsnorm(self._mm(lw.ple.proj, g), lw.ple.post_norm, cfg.eps)
             if lw.layer_output_scale != 1.0:
                 x = x * np.float32(lw.layer_output_scale)
         self.cache.n = p0 + n

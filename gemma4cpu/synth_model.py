@@ -45,7 +45,10 @@ def plan(shape: str, n_layers: int | None, mix: str, vocab: int = VOCAB):
     # keep the real layer pattern: full every `period` layers, last layer full
     is_swa = [(i + 1) % s["period"] != 0 for i in range(L)]
     is_swa[-1] = False
-    shared = min(s["shared"], max(0, L - 2)) if s["shared"] else 0
+    # KV sharing: scale the shared tail with the layer count, and keep a producer of each type
+    shared = round(s["shared"] * L / s["L"]) if s["shared"] else 0
+    while shared and not all(any(is_swa[j] == is_swa[i] for j in range(L - shared)) for i in range(L - shared, L)):
+        shared -= 1
     n_kv_layers = L - shared
     q = "Q8_0" if mix == "q8_0" else "Q4_K"
     hi = "Q8_0" if mix == "q8_0" else "Q6_K"
@@ -78,11 +81,15 @@ def plan(shape: str, n_layers: int | None, mix: str, vocab: int = VOCAB):
             tensors += [(p + "ffn_gate_inp.weight", "F32", D, E), (p + "ffn_gate_inp.scale", "F32", D, None),
                         (p + "pre_ffw_norm_2.weight", "F32", D, None), (p + "post_ffw_norm_1.weight", "F32", D, None),
                         (p + "post_ffw_norm_2.weight", "F32", D, None),
-                        (p + "ffn_gate_up_exps.weight", q, D, 2 * fe * E), (p + "ffn_down_exps.weight", more, fe, D * E),
+                        (p + "ffn_gate_up_exps.weight", q, D, (2 * fe, E)), (p + "ffn_down_exps.weight", more, fe, (D, E)),
                         (p + "ffn_down_exps.scale", "F32", E, None)]
         if s["ple"]:
             tensors += [(p + "inp_gate.weight", q, D, s["ple"]), (p + "proj.weight", q, s["ple"], D),
                         (p + "post_norm.weight", "F32", D, None)]
+    # K-quants need rows of whole 256-blocks: like llama.cpp, fall back for narrower rows
+    # (26B-A4B: dense FFN 2112 and expert width 704 wide inputs)
+    fallback = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
+    tensors = [(n, fallback[t] if t in fallback and n_in % 256 else t, n_in, n_out) for n, t, n_in, n_out in tensors]
     meta = {**s, "L": L, "is_swa": is_swa, "shared": shared, "ffs": ffs}
     return tensors, meta
 
@@ -147,9 +154,11 @@ def write(path: str, shape: str, n_layers: int | None = None, mix: str = "q4_k_m
         if n_out is None:
             w.add_tensor_info(name, (n_in,), np.dtype(np.float32), n_in * 4, raw_dtype=qt)
         else:
-            nb = n_out * row_bytes(t, n_in)
-            w.add_tensor_info(name, (n_out, row_bytes(t, n_in)) if t != "F32" else (n_out, n_in),
-                              np.dtype(np.uint8) if t != "F32" else np.dtype(np.float32), nb, raw_dtype=qt)
+            lead = n_out if isinstance(n_out, tuple) else (n_out,)   # (rows,) or (rows per expert, experts)
+            n_rows = int(np.prod(lead))
+            shape = tuple(reversed(lead)) + ((row_bytes(t, n_in),) if t != "F32" else (n_in,))
+            w.add_tensor_info(name, shape, np.dtype(np.uint8) if t != "F32" else np.dtype(np.float32),
+                              n_rows * row_bytes(t, n_in), raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -166,9 +175,10 @@ def write(path: str, shape: str, n_layers: int | None = None, mix: str = "q4_k_m
             w.write_tensor_data(v)
         else:
             # generate in row chunks so big tensors never sit in memory twice
+            n_rows = int(np.prod(n_out))
             chunk = max(1, (64 << 20) // row_bytes(t, n_in))
-            data = np.concatenate([random_rows(t, min(chunk, n_out - r), n_in, rng) for r in range(0, n_out, chunk)])
-            w.write_tensor_data(data.reshape(n_out, -1))
+            data = np.concatenate([random_rows(t, min(chunk, n_rows - r), n_in, rng) for r in range(0, n_rows, chunk)])
+            w.write_tensor_data(data.reshape(n_rows, -1))
         done += 1
         if progress and (done % 20 == 0 or done == total):
             print(f"\r  wrote {done}/{total} tensors ({time.time() - t0:.0f}s)", end="", file=sys.stderr, flush=True)

@@ -58,6 +58,29 @@ class LayerWeights:
     post_ffw_norm: np.ndarray                # (D,)
     layer_output_scale: float = 1.0
     rope_freq_factors: np.ndarray | None = None  # (hd/2,) divides the rotation frequencies (full layers)
+    moe: "MoEWeights | None" = None
+    ple: "PLELayerWeights | None" = None
+
+
+@dataclass
+class MoEWeights:
+    """26B-A4B expert branch (spec 2.7). Expert e's matrices are row slices of the 3-D tensors."""
+    ffn_gate_inp: Mat                        # router D -> E
+    ffn_gate_inp_scale: np.ndarray           # (D,) router scale (raw HF router.scale)
+    pre_ffw_norm_2: np.ndarray               # (D,)
+    post_ffw_norm_1: np.ndarray              # (D,)
+    post_ffw_norm_2: np.ndarray              # (D,)
+    gate_up: list[Mat]                       # per expert: D -> 2I (gate rows first, then up)
+    down: list[Mat]                          # per expert: I -> D
+    down_scale: np.ndarray                   # (E,) per-expert output scale
+    n_used: int
+
+
+@dataclass
+class PLELayerWeights:
+    inp_gate: Mat                            # D -> Dp
+    proj: Mat                                # Dp -> D
+    post_norm: np.ndarray                    # (D,)
 
 
 @dataclass
@@ -66,6 +89,9 @@ class ModelWeights:
     output: Mat                              # LM head (token_embd when tied)
     output_norm: np.ndarray                  # (D,)
     layers: list[LayerWeights]
+    per_layer_token_embd: Mat | None = None  # (V rows of L*Dp)
+    per_layer_model_proj: Mat | None = None  # D -> L*Dp
+    per_layer_proj_norm: np.ndarray | None = None  # (Dp,)
 
     @property
     def n_bytes(self) -> int:
@@ -87,8 +113,6 @@ def _vec(f: GGUFFile, name: str, n: int) -> np.ndarray:
 
 def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
     D, V = cfg.n_embd, cfg.n_vocab
-    if cfg.n_expert or cfg.n_embd_per_layer:
-        raise GGUFFormatError(f"{f.path}: MoE and per-layer-embedding models are not supported yet")
     tok = Mat.of(f.tensor("token_embd.weight"), D, V)
     out = Mat.of(f.tensors["output.weight"], D, V) if "output.weight" in f.tensors else tok
     rope_freqs = None
@@ -128,5 +152,47 @@ def load_weights(f: GGUFFile, cfg: ModelConfig) -> ModelWeights:
             ffn_down=Mat.of(f.tensor(p + "ffn_down.weight"), ff, D),
             post_ffw_norm=_vec(f, p + "post_ffw_norm.weight", D),
             layer_output_scale=scale, rope_freq_factors=ff_factors,
+            moe=_moe(f, cfg, il) if cfg.n_expert else None,
+            ple=PLELayerWeights(Mat.of(f.tensor(p + "inp_gate.weight"), D, cfg.n_embd_per_layer),
+                                Mat.of(f.tensor(p + "proj.weight"), cfg.n_embd_per_layer, D),
+                                _vec(f, p + "post_norm.weight", D)) if cfg.n_embd_per_layer else None,
         ))
-    return ModelWeights(token_embd=tok, output=out, output_norm=_vec(f, "output_norm.weight", D), layers=layers)
+    mw = ModelWeights(token_embd=tok, output=out, output_norm=_vec(f, "output_norm.weight", D), layers=layers)
+    if cfg.n_embd_per_layer:
+        LDp = cfg.n_layer * cfg.n_embd_per_layer
+        mw.per_layer_token_embd = Mat.of(f.tensor("per_layer_token_embd.weight"), LDp, V)
+        mw.per_layer_model_proj = Mat.of(f.tensor("per_layer_model_proj.weight"), D, LDp)
+        mw.per_layer_proj_norm = _vec(f, "per_layer_proj_norm.weight", cfg.n_embd_per_layer)
+    return mw
+
+
+def _experts(t: Tensor, n_in: int, n_out: int, n_expert: int) -> list[Mat]:
+    """Split a 3-D expert tensor {n_in, n_out, E} into E matrices (row slices, no copy)."""
+    if t.type_name not in KERNEL_TYPES:
+        raise GGUFFormatError(f"tensor {t.name!r} has type {t.type_name}, which gemma4cpu cannot compute with")
+    if t.dims != (n_in, n_out, n_expert):
+        raise GGUFFormatError(f"tensor {t.name!r} has shape {list(t.dims)}, expected [{n_in}, {n_out}, {n_expert}]")
+    rows = t.rows()  # (E * n_out, row_bytes)
+    return [Mat(f"{t.name}[{e}]", t.type_name, t.type_id, rows[e * n_out:(e + 1) * n_out], n_in, n_out)
+            for e in range(n_expert)]
+
+
+def _moe(f: GGUFFile, cfg: ModelConfig, il: int) -> MoEWeights:
+    p, D, E, I = f"blk.{il}.", cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+    if not 0 < cfg.n_expert_used <= E or I <= 0:
+        raise GGUFFormatError(f"{f.path}: bad MoE config: {cfg.n_expert_used} of {E} experts, width {I}")
+    if (p + "ffn_gate_up_exps.weight") in f.tensors:
+        gate_up = _experts(f.tensor(p + "ffn_gate_up_exps.weight"), D, 2 * I, E)
+    else:  # split form: stack gate and up per expert is not possible without a copy; keep pairs
+        g = _experts(f.tensor(p + "ffn_gate_exps.weight"), D, I, E)
+        u = _experts(f.tensor(p + "ffn_up_exps.weight"), D, I, E)
+        gate_up = [Mat(a.name, a.type_name, a.type_id, np.concatenate([a.rows, b.rows]), D, 2 * I)
+                   for a, b in zip(g, u)]
+    return MoEWeights(
+        ffn_gate_inp=Mat.of(f.tensor(p + "ffn_gate_inp.weight"), D, E),
+        ffn_gate_inp_scale=_vec(f, p + "ffn_gate_inp.scale", D),
+        pre_ffw_norm_2=_vec(f, p + "pre_ffw_norm_2.weight", D),
+        post_ffw_norm_1=_vec(f, p + "post_ffw_norm_1.weight", D),
+        post_ffw_norm_2=_vec(f, p + "post_ffw_norm_2.weight", D),
+        gate_up=gate_up, down=_experts(f.tensor(p + "ffn_down_exps.weight"), I, D, E),
+        down_scale=_vec(f, p + "ffn_down_exps.scale", E), n_used=cfg.n_expert_used)

@@ -245,7 +245,7 @@ def test_convert_q4_k_fallback_for_short_rows(tmp_path, rng):
     synthetic_gemma4(tmp_path / "hf", rng)
     convert(tmp_path / "hf", tmp_path / "m.gguf", "q4_k", quiet=True)
     # ffn_down rows are FF = 512 long (Q4_K ok); all rows here fit, so check a 1-D stays F32
-    _, kv, tensors = read(tmp_path / "m.gguf")
+    _, _, tensors = read(tmp_path / "m.gguf")
     assert tensors["blk.0.ffn_down.weight"].tensor_type == T.Q4_K
     assert tensors["blk.0.attn_q_norm.weight"].tensor_type == T.F32
     from gemma4cpu.convert import _pick_type
@@ -279,3 +279,26 @@ def test_convert_bad_inputs(tmp_path, rng, capsys):
         convert(tmp_path / "hf2", tmp_path / "m.gguf", "f32", quiet=True)
     with pytest.raises(SystemExit):
         main(["--help"])
+
+
+def test_convert_writes_vocab_from_tokenizer_json(tmp_path, rng):
+    """tokenizer.json (BPE) -> tokenizer.ggml.*: ids kept, special tokens CONTROL, byte tokens BYTE,
+    merges written, ids past the tokenizer padded to the model's vocabulary size."""
+    synthetic_gemma4(tmp_path / "hf", rng)
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<0x41>": 4, "▁the": 5, "a": 6, "b": 7, "ab": 8}
+    spec = {"model": {"type": "BPE", "vocab": vocab, "merges": [["a", "b"]], "unk_token": "<unk>"},
+            "added_tokens": [{"id": i, "content": t, "special": True} for t, i in list(vocab.items())[:4]]
+            + [{"id": 9, "content": "<|turn>", "special": False}]}
+    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(spec))
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
+    convert(tmp_path / "hf", tmp_path / "m.gguf", "f32", quiet=True)
+    r = GGUFReader(str(tmp_path / "m.gguf"))
+    f = r.fields
+    toks = f["tokenizer.ggml.tokens"].contents()
+    types = f["tokenizer.ggml.token_type"].contents()
+    assert len(toks) == V and toks[:10] == list(vocab) + ["<|turn>"] and toks[10] == "[PAD10]"
+    assert types[:10] == [3, 3, 3, 3, 6, 1, 1, 1, 1, 4] and types[10] == 5
+    assert f["tokenizer.ggml.model"].contents() == "gemma4"
+    assert f["tokenizer.ggml.merges"].contents() == ["a b"]
+    assert f["tokenizer.ggml.bos_token_id"].contents() == 2 and f["tokenizer.ggml.eos_token_id"].contents() == 1
+    assert "gemma4cpu.vocab_placeholder" not in f

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from gemma4cpu.convert import convert
-from gemma4cpu.ref.model import Model
+from gemma4cpu.ref.model import Assistant, Model
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from gemma4cpu.ref import hf_tiny  # noqa: E402
+from gemma4cpu.ref import hf_tiny
 
 VARIANTS = ["dense", "moe", "e", "gemma3"]
 N_PROMPT = 20  # > 2 * sliding_window (8), so sliding layers really drop keys
@@ -94,7 +94,7 @@ def _gemma3_270m_path():
         return None
     try:
         return g.assemble()
-    except Exception:
+    except (OSError, RuntimeError, ValueError):  # parts missing or unreadable
         return None
 
 
@@ -124,3 +124,68 @@ def test_gemma3_270m_knows_paris():
     assert top(["The", "▁Eiffel", "▁Tower", "▁is", "▁in", "▁the", "▁city", "▁of"])[0] == "▁Paris"
     assert "▁Paris" in top(["The", "▁capital", "▁of", "▁France", "▁is"], 3)
     assert top(["Paris", "▁is", "▁the", "▁capital", "▁of"])[0] == "▁France"
+
+
+@pytest.fixture(scope="module")
+def assistant_case(tmp_path_factory):
+    torch.set_num_threads(2)
+    d = tmp_path_factory.mktemp("assistant")
+    tgt = hf_tiny.build("dense", d / "target", seed=0)
+    asst = hf_tiny.build("assistant", d / "assistant", seed=0)
+    t_path = convert(d / "target", d / "target.gguf", "f32", quiet=True)
+    a_path = convert(d / "assistant", d / "assistant.gguf", "f32", quiet=True)
+    return tgt, asst, Model(t_path), Model(t_path, np.float32), a_path
+
+
+def test_assistant_gguf_layout(assistant_case):
+    """Spec 3.4a: arch gemma4-assistant, backbone width, all layers shared, no K/V tensors."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(assistant_case[4])
+    kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.token")}
+    names = {t.name for t in r.tensors}
+    a = "gemma4-assistant"
+    assert kv["general.architecture"] == a
+    assert kv[f"{a}.embedding_length"] == 32 and kv[f"{a}.embedding_length_out"] == hf_tiny.HIDDEN
+    assert kv[f"{a}.nextn_predict_layers"] == 4 and kv[f"{a}.attention.shared_kv_layers"] == 4
+    assert kv[f"{a}.attention.sliding_window_pattern"] == [True, True, True, False]
+    assert kv[f"{a}.attention.head_count_kv"] == [2, 2, 2, 1]  # = the target's, per layer type
+    assert f"{a}.final_logit_softcapping" not in kv
+    assert {"nextn.pre_projection.weight", "nextn.post_projection.weight", "rope_freqs.weight"} <= names
+    assert not any(".attn_k" in n or ".attn_v" in n for n in names)
+    assert all(f"blk.{i}.layer_output_scale.weight" in names for i in range(4))
+
+
+@pytest.mark.parametrize("P", [3, 7, 12, 19])
+def test_assistant_step_matches_hf(assistant_case, P):
+    """One draft step (spec 4.3) vs Gemma4AssistantForCausalLM fed as HF's candidate generator does:
+    inputs_embeds = [scaled target embedding of tok, target post-norm hidden], position P, the
+    target's shared_kv_states. Same float32-noise bound as above (measured with a float32 run).
+    For P >= W the sliding layers see different windows (llama.cpp [P-W+1, P-1] vs HF's last W+1);
+    there the reference must match HF only in hf_window mode, and must differ in llama.cpp mode."""
+    tgt, asst, t64, t32, a_path = assistant_case
+    ids = torch.randint(3, hf_tiny.VOCAB, (1, P), generator=torch.Generator().manual_seed(P))
+    with torch.no_grad():
+        out = tgt(ids, output_hidden_states=True, return_shared_kv_states=True)
+        tok = int(out.logits[0, -1].argmax())
+        emb = tgt.get_input_embeddings()(torch.tensor([[tok]]))
+        x = torch.cat([emb, out.hidden_states[-1][:, -1:]], dim=-1)
+        hf = asst(inputs_embeds=x, position_ids=torch.tensor([[P]]), shared_kv_states=out.shared_kv_states)
+    hf_logits = hf.logits[0, -1].double().numpy()
+    hf_next = hf.last_hidden_state[0, -1].double().numpy()
+    window = 8
+    results = {}
+    for hf_window in (False, True):
+        l64, h64, kv64 = t64.forward(ids[0].numpy(), return_kv=True)
+        _, h32, kv32 = t32.forward(ids[0].numpy(), return_kv=True)
+        assert int(np.argmax(l64[-1])) == tok
+        r64 = Assistant(a_path, hf_window=hf_window).step(t64, kv64, tok, h64[-1], P)
+        r32 = Assistant(a_path, np.float32, hf_window=hf_window).step(t32, kv32, tok, h32[-1], P)
+        results[hf_window] = (r64, _bound(r64[0], r32[0]), _bound(r64[1], r32[1]))
+    (lg, nx), tol_l, tol_h = results[True]
+    assert np.abs(lg - hf_logits).max() <= tol_l and np.abs(nx - hf_next).max() <= tol_h
+    (lg, nx), tol_l, tol_h = results[False]
+    if P < window:
+        assert np.abs(lg - hf_logits).max() <= tol_l and np.abs(nx - hf_next).max() <= tol_h
+    else:
+        assert np.abs(lg - hf_logits).max() > 100 * tol_l

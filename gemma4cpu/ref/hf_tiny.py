@@ -33,22 +33,22 @@ INIT = 0.08
 def _common_gemma4(**kw):
     from transformers import Gemma4TextConfig
 
-    base = dict(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        global_head_dim=32,
-        sliding_window=8,
-        max_position_embeddings=256,
-        final_logit_softcapping=30.0,
-        hidden_size_per_layer_input=0,
-        vocab_size_per_layer_input=0,
-        initializer_range=INIT,
-        tie_word_embeddings=True,
-    )
+    base = {
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "sliding_window": 8,
+        "max_position_embeddings": 256,
+        "final_logit_softcapping": 30.0,
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": 0,
+        "initializer_range": INIT,
+        "tie_word_embeddings": True,
+    }
     base.update(kw)
     cfg = Gemma4TextConfig(**base)
     cfg._attn_implementation = "eager"
@@ -67,7 +67,7 @@ def _randomise(model, seed: int, gemma3: bool = False) -> None:
                     p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=g))
             elif name.endswith("layer_scalar"):
                 p.copy_(torch.empty(p.shape).uniform_(0.4, 1.6, generator=g))
-            elif name.endswith("router.scale") or name.endswith("router.per_expert_scale"):
+            elif name.endswith(("router.scale", "router.per_expert_scale")):
                 p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=g))
 
 

@@ -15,8 +15,8 @@ Shapes below: n = tokens, D = embedding_length, V = vocab, Hq/Hkv heads, hd head
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGUFReader
 from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader
 from gguf import quants as gq
 
 # Weights are dequantised once and kept when the model is small; bigger models (the real 270M)
@@ -137,7 +137,7 @@ class Model:
         hd_full = int(self._a("attention.key_length"))
         hd_swa = int(self._a("attention.key_length_swa", hd_full))
         self.head_dim = [hd_swa if s else hd_full for s in self.is_swa]
-        self.theta_full = float(self._a("rope.freq_base", 1e6 if a == "gemma4" else 1e6))
+        self.theta_full = float(self._a("rope.freq_base", 1e6))
         self.theta_swa = float(self._a("rope.freq_base_swa", 1e4))
         self.n_rot_full = int(self._a("rope.dimension_count", hd_full))
         self.n_rot_swa = int(self._a("rope.dimension_count_swa", hd_swa))
@@ -256,11 +256,12 @@ class Model:
         return out
 
     def layer(self, l: int, h: np.ndarray, pos: np.ndarray, kv: dict, ple: np.ndarray | None,
-              kpos: np.ndarray | None = None) -> np.ndarray:
+              kpos: np.ndarray | None = None, window: int | None = None) -> np.ndarray:
         """Decoder layer l (spec 2.4): h (n, D) at positions pos -> (n, D).
 
         kv[l] = (K, V) (nk, Hkv, hd) at positions kpos (default pos): written here by producer
-        layers, read by KV-shared ones; if kv already holds l (assistant), it is used as given."""
+        layers, read by KV-shared ones; if kv already holds l (assistant), it is used as given.
+        window overrides the sliding window of sliding layers."""
         p = f"blk.{l}."
         n, eps, hd = h.shape[0], self.eps, self.head_dim[l]
         g4 = self.arch == "gemma4"
@@ -275,7 +276,8 @@ class Model:
             v = rmsnorm(vraw, None, eps) if g4 else vraw  # gemma4 v_norm: no weight
             kv[l] = (k, v)
         k, v = kv[self.kv_src[l]]
-        o = attention(q, k, v, self.attn_scale, self.window if self.is_swa[l] else 0, self.attn_softcap,
+        w = self.window if window is None else window
+        o = attention(q, k, v, self.attn_scale, w if self.is_swa[l] else 0, self.attn_softcap,
                       qpos=pos, kpos=pos if kpos is None else kpos)
         o = self.matmul(o.reshape(n, -1), p + "attn_output.weight")
         h = h + rmsnorm(o, self.w(p + "post_attention_norm.weight"), eps)
@@ -313,7 +315,7 @@ class Model:
 
     def greedy(self, tokens, n_new: int) -> list[int]:
         """n_new greedy tokens after `tokens` (full recompute each step)."""
-        seq = list(int(t) for t in tokens)
+        seq = [int(t) for t in tokens]
         out = []
         for _ in range(n_new):
             logits, _ = self.forward(seq)
@@ -331,11 +333,14 @@ class Assistant(Model):
         tok = argmax(logits[-1]);  d_logits, h_next = drafter.step(target, kv, tok, h[-1], P)
 
     Visible target positions follow llama.cpp (spec 4.4): full layers [0, P-1], sliding layers
-    [P-W+1, P-1]. (HF keeps the last W+1 sliding entries instead; the two agree while P < W.)
+    [P-W+1, P-1]. HF (transformers 5.24) shows the sliding layers the last W+1 target entries
+    instead, [P-W-1, P-1] (measured; spec 4.4 / open question 4): hf_window=True reproduces that.
+    The two agree while P < W.
     """
 
-    def __init__(self, path, dtype=np.float64):
+    def __init__(self, path, dtype=np.float64, hf_window: bool = False):
         super().__init__(path, dtype)
+        self.hf_window = hf_window
         if self.arch != "gemma4-assistant":
             raise ValueError(f"{path}: arch {self.arch!r} is not gemma4-assistant")
         self.n_embd_out = int(self._a("embedding_length_out"))
@@ -360,7 +365,8 @@ class Assistant(Model):
         for l in range(self.n_layer):
             K, V = target_kv[self.target_layer(target, l)]  # (>= pos, Hkv, hd)
             K, V = K[:pos].astype(self.dtype), V[:pos].astype(self.dtype)
-            z = self.layer(l, z, P, {l: (K, V)}, None, kpos=np.arange(pos))
+            w = self.window + 2 if self.hf_window else self.window  # visible: pos - kpos < w
+            z = self.layer(l, z, P, {l: (K, V)}, None, kpos=np.arange(pos), window=w)
         zn = rmsnorm(z, self.w("output_norm.weight"), self.eps)  # (1, D_a)
         logits = self.matmul(zn, "output.weight" if self.has("output.weight") else "token_embd.weight")
         return logits[0], self.matmul(zn, "nextn.post_projection.weight")[0]
