@@ -2,9 +2,9 @@
  *
  *   q       float32, n_q rows of n_head * hd, `q_stride` floats between rows (head h at h * hd)
  *   q_pos   int32[n_q], absolute position of each query row
- *   k, v    the cache: n_slots slots, each n_head_kv heads of hd values in `kv_type`
- *           (G4_KV_F32, G4_KV_F16, G4_KV_Q8_0, G4_KV_Q4_0 - the quantised ones as 32-blocks along hd),
- *           `kv_slot_bytes` bytes between slots (same for k and v)
+ *   k, v    the cache: n_slots slots, each n_head_kv heads of hd values, K in `k_type` and V in
+ *           `v_type` (G4_KV_F32, G4_KV_F16, G4_KV_Q8_0, G4_KV_Q4_0 - the quantised ones as 32-blocks
+ *           along hd, GGUF block layouts), `k_slot_bytes` / `v_slot_bytes` bytes between slots
  *   kv_pos  int32[n_slots], the absolute position held by each slot, -1 for an empty slot
  *           (a ring buffer's slots are in any order: masking is by position, never by slot index)
  *   mask    slot s is visible to query row i iff kv_pos[s] >= 0 and kv_pos[s] <= q_pos[i] and
@@ -34,10 +34,10 @@ typedef struct {
     int64_t n_q;
     const void *k;
     const void *v;
-    size_t kv_slot_bytes;
+    size_t k_slot_bytes, v_slot_bytes;
     const int32_t *kv_pos;
     int64_t n_slots;
-    int kv_type;
+    int k_type, v_type;
     int n_head, n_head_kv, hd;
     int32_t window;
     float scale, softcap;
@@ -55,6 +55,26 @@ typedef struct {
 extern const g4_attn_kernels g4_attn_ref;
 extern const g4_attn_kernels g4_attn_avx2;
 extern const g4_attn_kernels g4_attn_avx512;
+
+/* Slots are visited in blocks of G4_ATTN_BLOCK (fixed boundaries s0 = 0, 64, 128, ...); the
+ * online-softmax rescale happens once per block that holds a visible slot. Every (row, head)
+ * runs the same operation sequence whatever n_q, [i0, i1), [h0, h1) or the thread split, so a
+ * row's output never depends on the other rows of the call (bit for bit, within one ISA).
+ * Query heads that share a kv head are processed together (tiles of up to G4_ATTN_HEAD_TILE) so
+ * each K/V row is read once per tile; up to G4_ATTN_ROW_TILE rows sweep each block together. */
+#define G4_ATTN_BLOCK 64
+#define G4_ATTN_HEAD_TILE 4
+#define G4_ATTN_ROW_TILE 8
+
+/* Bytes of one head row (hd values) of a cache type, 0 if hd is not a positive multiple of 32. */
+size_t g4_kv_head_bytes(int kv_type, int hd);
+/* The attention table for an ISA name ("ref", "avx2", "avx512"); unknown names get ref.
+ * g4_flash_attn uses g4_attn_for(g4_active()->isa). */
+const g4_attn_kernels *g4_attn_for(const char *isa);
+/* q4_0 cache quantiser (csrc/ref/attn_ref.c): per 32-block, max = the element of largest
+ * magnitude (first on ties), d = max / -8, q = clamp(rint(x * (1/d)) + 8, 0, 15), d stored f16
+ * (ggml's layout and scale; half-to-even rounding as everywhere in gemma4cpu). */
+void g4_kv_quantize_row_q4_0_ref(const float *x, void *y, int64_t k);
 
 /* Bytes of one slot's heads (k or v) for a cache type, 0 if hd is not valid for it. */
 size_t g4_kv_slot_bytes(int kv_type, int n_head_kv, int hd);

@@ -222,3 +222,4 @@ cdef class Pool:
                                &y[0, 0], y.shape[1], r0, r1, msg, sizeof(msg))
         if rc != 0:
             raise ValueError(msg.decode())
+include "_attn.pxi"

@@ -540,16 +540,23 @@ def convert(hf_dir, out, outtype: str = "f16", quiet: bool = False) -> Path:
     rf = rope_freqs(hp)
     if rf is not None:
         plans.append(_Plan("rope_freqs.weight", None, rf.shape, T.F32, gen=rf))
+    dropped = []
     for hf_name in sorted(tensors, key=_natural):
         gname = gguf_name(hf_name, prefix, arch)
         if gname is None:
             continue
         if gname == "output.weight" and hp.tied:
             continue
+        if arch == "gemma4" and _unused_shared_kv(gname, hp):
+            dropped.append(gname)
+            continue
         t = tensors[hf_name]
         shape = t.shape if len(t.shape) else (1,)
         add_one = arch == "gemma3" and "norm" in gname and len(shape) == 1
         plans.append(_Plan(gname, t, shape, _pick_type(gname, shape, qout, log), add_one=add_one))
+
+    if dropped:
+        log(f"dropped {len(dropped)} K/V tensors of KV-shared layers (never used): {dropped[0]}, ...")
 
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out), arch)
@@ -579,6 +586,16 @@ def convert(hf_dir, out, outtype: str = "f16", quiet: bool = False) -> Path:
     w.close()
     log(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return out
+
+
+def _unused_shared_kv(gname: str, hp: Hparams) -> bool:
+    """K/V projections and k_norm of KV-shared layers: HF checkpoints may carry them, no one reads them
+    (spec 2.6: "GGUF may omit attn_k/attn_v/attn_k_norm for shared layers")."""
+    if not gname.startswith("blk.") or not hp.n_shared_kv:
+        return False
+    il = int(gname.split(".")[1])
+    return il >= hp.n_layer - hp.n_shared_kv and gname.split(".", 2)[2] in (
+        "attn_k.weight", "attn_v.weight", "attn_k_norm.weight")
 
 
 def _natural(name: str):

@@ -302,3 +302,35 @@ def test_convert_writes_vocab_from_tokenizer_json(tmp_path, rng):
     assert f["tokenizer.ggml.merges"].contents() == ["a b"]
     assert f["tokenizer.ggml.bos_token_id"].contents() == 2 and f["tokenizer.ggml.eos_token_id"].contents() == 1
     assert "gemma4cpu.vocab_placeholder" not in f
+
+
+def test_convert_multimodal_checkpoint_text_part(tmp_path, rng):
+    """Gemma4ForConditionalGeneration: text weights under model.language_model., config under
+    text_config; vision/audio towers are skipped."""
+    src = synthetic_gemma4(tmp_path / "hf", rng)
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    mm = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+          "text_config": {k: v for k, v in cfg.items() if k != "architectures"}, "tie_word_embeddings": True}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(mm))
+    renamed = {k.replace("model.", "model.language_model.", 1): v for k, v in src.items()}
+    renamed["model.vision_tower.patch_embedder.weight"] = np.ones((8, 8), np.float32)
+    renamed["model.embed_audio.embedding_projection.weight"] = np.ones((8, 8), np.float32)
+    write_safetensors(tmp_path / "hf" / "model.safetensors", renamed)
+    convert(tmp_path / "hf", tmp_path / "m.gguf", "f32", quiet=True)
+    _, kv, tensors = read(tmp_path / "m.gguf")
+    assert kv["gemma4.block_count"] == 2 and kv["gemma4.attention.key_length"] == HD_FULL
+    assert set(tensors) == {gguf_of(k) for k in src} | {"rope_freqs.weight"}
+    np.testing.assert_array_equal(deq(tensors["blk.1.attn_q.weight"]), src["model.layers.1.self_attn.q_proj.weight"])
+
+
+def test_kv_shared_layers_drop_unused_kv_tensors():
+    """HF E-model checkpoints may still carry k/v projections for KV-shared layers; they are not written."""
+    from gemma4cpu.convert import Hparams, _unused_shared_kv
+
+    hp = Hparams(arch="gemma4", n_layer=10, n_embd=64, n_head=4, n_vocab=8, layer_types=["sliding_attention"] * 10,
+                 head_dim=[16] * 10, n_head_kv=[1] * 10, n_ff=[32] * 10, sliding_window=8, eps=1e-6, ctx=64,
+                 theta_full=1e6, theta_swa=1e4, n_shared_kv=4)
+    assert _unused_shared_kv("blk.6.attn_k.weight", hp) and _unused_shared_kv("blk.9.attn_k_norm.weight", hp)
+    assert _unused_shared_kv("blk.7.attn_v.weight", hp)
+    assert not _unused_shared_kv("blk.5.attn_k.weight", hp)  # last producer layers keep theirs
+    assert not _unused_shared_kv("blk.6.attn_q.weight", hp) and not _unused_shared_kv("token_embd.weight", hp)

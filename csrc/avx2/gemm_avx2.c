@@ -1,79 +1,32 @@
 /* gemm_avx2.c: products W[r0:r1] . x[t] for every weight type, bit-identical to csrc/ref/gemm_ref.c.
  *
- * Quantised types: a group of blocks (4 for Q4_K/Q5_K, 8 for Q6_K and the 32-blocks) of one row is
- * unpacked once into L1 scratch (nibbles split, sub-block scales broadcast to int16 vectors), then
- * every token runs over it: per block an exact int32 vector (maddubs/madd), the group's vectors are
- * reduced together by one transpose-add (g4_avx2_hsum8x8), the per-block float ops of the reference
- * run vectorised over the group's blocks (separate mul and sub, no FMA), and the results are added
- * to the token's accumulator one block at a time, in block order, exactly like the reference. */
+ * Every (row, token) result follows the reference sequence exactly: per block an exact integer dot
+ * product (sub-block scales and mins folded in as integers), then the block's float ops (separate
+ * mul and sub/add, never FMA), added to the token's accumulator in block order. What the SIMD code
+ * changes is only how the exact integers are formed and how the work is shared:
+ *   - one token ("ONE"): per block an int32 vector (maddubs/madd); the vectors of a group of
+ *     blocks (4 for Q4_K/Q5_K: S and M together, 8 for Q6_K and the 32-blocks) are reduced by one
+ *     transpose-add (g4_avx2_hsum8x8), then the float ops run per block in order;
+ *   - 2..8 tokens ("TOK"): each weight block is read and unpacked once (per sub-block pair the
+ *     quants and scales stay in registers while every token runs over them); per block the token
+ *     vectors are reduced by one transpose-add and the float ops run with one token per lane,
+ *     acc = acc + P being the same per-lane sequence as the scalar loop. Q4_K/Q5_K take M (mins x
+ *     bsums) for 8 tokens at once from a per-call table, and the activation scales d come from a
+ *     per-call table too (both built once per call and shared by every row);
+ *   - 2..4 tokens of the 32-blocks ("TOKB"): blocks x tokens share one transpose.
+ * More than 8 tokens run as chunks of 8 per row (the row stays in L1/L2 between chunks); more than
+ * 16 tokens as tiles of 16. The per-call tables cover a range of blocks at a time (G4_CAPB,
+ * G4_CAPB32); a longer row continues its accumulators through y, which holds the same float. */
 #include "avx2.h"
 
-
-#define G4_TCH 16 /* tokens per pass over a row (the accumulators live in a local array) */
+/* Pins an accumulator to a register at this point: without it GCC re-associates the fully
+ * unrolled integer sums into a tree and spills every partial product to the stack. */
+#define G4_KEEP(v) __asm__("" : "+x"(v))
 
 /* =============================== Q4_K / Q5_K x Q8_K ======================================= */
-typedef struct {
-    __m256i q[8];  /* sub-block j: 32 unsigned quants (0..15 or 0..31) */
-    __m256i sc[8]; /* sub-block j: its 6-bit scale in all 16 int16 lanes */
-    __m256i mins;  /* int16 [m0 m0 m1 m1 .. m7 m7], pairs with the 16 bsums */
-} g4_k45_unp;
-
-static inline void g4_k45_scales(const uint8_t *s, g4_k45_unp *u) {
-    uint32_t a0, a1, a2;
-    memcpy(&a0, s, 4);
-    memcpy(&a1, s + 4, 4);
-    memcpy(&a2, s + 8, 4);
-    const uint32_t sc_lo = a0 & 0x3f3f3f3fu, m_lo = a1 & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (a2 & 0x0f0f0f0fu) | (((a0 >> 6) & 0x03030303u) << 4);
-    const uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0fu) | (((a1 >> 6) & 0x03030303u) << 4);
-    const __m128i sc8 = _mm_cvtsi64_si128((long long)(sc_lo | ((uint64_t)sc_hi << 32)));
-    const __m128i m8 = _mm_cvtsi64_si128((long long)(m_lo | ((uint64_t)m_hi << 32)));
-    const __m256i scb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
-    for (int j = 0; j < 8; j++)
-        u->sc[j] = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
-    u->mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-}
-
-static inline void g4_q4_K_unpack(const block_q4_K *b, g4_k45_unp *u) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int g = 0; g < 4; g++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * g));
-        u->q[2 * g] = _mm256_and_si256(q, m4);
-        u->q[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-    }
-    g4_k45_scales(b->scales, u);
-}
-
-static inline void g4_q5_K_unpack(const block_q5_K *b, g4_k45_unp *u) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
-    for (int g = 0; g < 4; g++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * g));
-        const __m256i bl = _mm256_set1_epi8((char)(1 << (2 * g))), bh = _mm256_set1_epi8((char)(2 << (2 * g)));
-        const __m256i hl = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), b4);
-        const __m256i hh = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), b4);
-        u->q[2 * g] = _mm256_or_si256(_mm256_and_si256(q, m4), hl);
-        u->q[2 * g + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hh);
-    }
-    g4_k45_scales(b->scales, u);
-}
-
-/* S = sum_j sc_j * isum_j and M = sum_j m_j * bsum32_j, as 8 int32 lanes each */
-static inline void g4_k45_dot(const g4_k45_unp *u, const block_q8_K *xb, __m256i *S, __m256i *M) {
-    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j += 2) {
-        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * j));
-        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * j + 32));
-        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(u->q[j], x0), u->sc[j]));
-        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(u->q[j + 1], x1), u->sc[j + 1]));
-    }
-    *S = _mm256_add_epi32(s0, s1);
-    *M = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xb->bsums), u->mins);
-}
-
-/* Block-direct variant (used for a single token): S and M of one block straight from the raw
- * block, no scratch. HB(g, hi) gives the fifth bits of sub-block 2g+hi (zero for Q4_K). */
-static inline __m256i g4_k45_scb(const uint8_t *s, __m256i *mins) {
+/* The 8 scales of a Q4_K/Q5_K block as int16, broadcast to both lanes (returned); the 8 mins as
+ * int16 pairs [m0 m0 m1 m1 .. m7 m7] (to madd with the 16 bsums) and as [m0 .. m7] (m16). */
+static inline __m256i g4_k45_scb(const uint8_t *s, __m256i *mins, __m128i *m16) {
     uint32_t a0, a1, a2;
     memcpy(&a0, s, 4);
     memcpy(&a1, s + 4, 4);
@@ -84,6 +37,7 @@ static inline __m256i g4_k45_scb(const uint8_t *s, __m256i *mins) {
     const __m128i sc8 = _mm_cvtsi64_si128((long long)(sc_lo | ((uint64_t)sc_hi << 32)));
     const __m128i m8 = _mm_cvtsi64_si128((long long)(m_lo | ((uint64_t)m_hi << 32)));
     *mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    *m16 = _mm_cvtepu8_epi16(m8);
     return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
 }
 
@@ -98,20 +52,33 @@ static inline void g4_q4_K_pair(const block_q4_K *b, int g, __m256i *lo, __m256i
     *lo = _mm256_and_si256(q, m4);
     *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
 }
+/* bit j of every qh byte moved to 0x10 (16-bit shifts: the mask drops what crosses bytes) */
+static inline __m256i g4_q5_hbit(__m256i qh, const int j) {
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    switch (j) {
+    case 0: return _mm256_and_si256(_mm256_slli_epi16(qh, 4), b4);
+    case 1: return _mm256_and_si256(_mm256_slli_epi16(qh, 3), b4);
+    case 2: return _mm256_and_si256(_mm256_slli_epi16(qh, 2), b4);
+    case 3: return _mm256_and_si256(_mm256_slli_epi16(qh, 1), b4);
+    case 4: return _mm256_and_si256(qh, b4);
+    case 5: return _mm256_and_si256(_mm256_srli_epi16(qh, 1), b4);
+    case 6: return _mm256_and_si256(_mm256_srli_epi16(qh, 2), b4);
+    default: return _mm256_and_si256(_mm256_srli_epi16(qh, 3), b4);
+    }
+}
 static inline void g4_q5_K_pair(const block_q5_K *b, int g, __m256i *lo, __m256i *hi) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
     const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * g));
-    const __m256i bl = _mm256_set1_epi8((char)(1 << (2 * g))), bh = _mm256_set1_epi8((char)(2 << (2 * g)));
-    *lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), b4));
-    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                          _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), b4));
+    *lo = _mm256_or_si256(_mm256_and_si256(q, m4), g4_q5_hbit(qh, 2 * g));
+    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), g4_q5_hbit(qh, 2 * g + 1));
 }
 
 #define G4_K45_DOT1(NAME, BT, PAIR)                                                                \
     static inline void NAME(const BT *b, const block_q8_K *xb, __m256i *S, __m256i *M) {           \
         __m256i mins;                                                                              \
-        const __m256i scb = g4_k45_scb(b->scales, &mins);                                          \
+        __m128i m16;                                                                               \
+        const __m256i scb = g4_k45_scb(b->scales, &mins, &m16);                                    \
         __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                          \
         for (int g = 0; g < 4; g++) {                                                              \
             __m256i lo, hi;                                                                        \
@@ -130,77 +97,90 @@ G4_K45_DOT1(g4_q5_K_dot1, block_q5_K, g4_q5_K_pair)
 /* One token: groups of 4 blocks, their S and M reduced together, float ops over the 4 blocks,
  * then added to the accumulator in block order. */
 #define G4_K45_ONE(NAME, BT, DOT1)                                                                 \
-    static float NAME(const BT *wr, const block_q8_K *xb, int64_t nb) {                           \
-        float acc = 0.0f;                                                                          \
+    static float NAME(const BT *wr, const block_q8_K *xb, int64_t nb, float acc) {                \
         for (int64_t bg = 0; bg < nb; bg += 4) {                                                   \
             const int nbg = (int)(nb - bg < 4 ? nb - bg : 4);                                      \
             __m256i S[4], M[4];                                                                    \
-            uint16_t dh[8] = {0};                                                                  \
-            float dxs[4] = {0};                                                                    \
             for (int i = 0; i < 4; i++) {                                                          \
-                if (i < nbg) {                                                                     \
-                    DOT1(&wr[bg + i], &xb[bg + i], &S[i], &M[i]);                                  \
-                    dh[i] = wr[bg + i].d;                                                          \
-                    dh[4 + i] = wr[bg + i].dmin;                                                   \
-                    dxs[i] = xb[bg + i].d;                                                         \
-                } else {                                                                           \
-                    S[i] = M[i] = _mm256_setzero_si256();                                          \
-                }                                                                                  \
+                if (i < nbg) DOT1(&wr[bg + i], &xb[bg + i], &S[i], &M[i]);                         \
+                else S[i] = M[i] = _mm256_setzero_si256();                                         \
             }                                                                                      \
-            const __m256i R = g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], M[0], M[1], M[2], M[3]);     \
-            const __m256 dwm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));              \
-            const __m128 dx = _mm_loadu_ps(dxs);                                                   \
-            const __m128 P = _mm_sub_ps(                                                           \
-                _mm_mul_ps(_mm_mul_ps(_mm256_castps256_ps128(dwm), dx), _mm_cvtepi32_ps(_mm256_castsi256_si128(R))), \
-                _mm_mul_ps(_mm_mul_ps(_mm256_extractf128_ps(dwm, 1), dx), _mm_cvtepi32_ps(_mm256_extracti128_si256(R, 1)))); \
-            float p[4];                                                                            \
-            _mm_storeu_ps(p, P);                                                                   \
-            for (int i = 0; i < nbg; i++) acc = acc + p[i];                                        \
+            int32_t sm[8]; /* S0..S3, M0..M3 */                                                    \
+            _mm256_storeu_si256((__m256i *)sm, g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], M[0], M[1], M[2], M[3])); \
+            for (int i = 0; i < nbg; i++) {                                                        \
+                const float dx = xb[bg + i].d;                                                     \
+                const float dd = g4_fp16_to_fp32_f16c(wr[bg + i].d) * dx;                          \
+                const float dm = g4_fp16_to_fp32_f16c(wr[bg + i].dmin) * dx;                       \
+                acc = acc + (dd * (float)sm[i] - dm * (float)sm[4 + i]);                           \
+            }                                                                                      \
         }                                                                                          \
         return acc;                                                                                \
     }
 G4_K45_ONE(g4_q4_K_one, block_q4_K, g4_q4_K_dot1)
 G4_K45_ONE(g4_q5_K_one, block_q5_K, g4_q5_K_dot1)
 
-/* NT tokens (2..8) vectorised across tokens: per block and sub-block pair the quants and scales
- * sit in registers while every token runs over them; per block the NT S and M vectors are
- * reduced by two transposes and the float ops run with one token per lane. */
+/* [sum of v[0], .., sum of v[NT-1], 0 ..] */
 static inline __m256i g4_hsum_nt(const __m256i *v, const int NT) {
     const __m256i z = _mm256_setzero_si256();
     return g4_avx2_hsum8x8(v[0], NT > 1 ? v[1] : z, NT > 2 ? v[2] : z, NT > 3 ? v[3] : z,
                            NT > 4 ? v[4] : z, NT > 5 ? v[5] : z, NT > 6 ? v[6] : z, NT > 7 ? v[7] : z);
 }
 
-/* [x_t[b].d for t < NT, 0 beyond] */
-static inline __m256 g4_dx_nt(const block_q8_K *const *xt, int64_t b, const int NT) {
-    return _mm256_setr_ps(xt[0][b].d, NT > 1 ? xt[1][b].d : 0.0f, NT > 2 ? xt[2][b].d : 0.0f,
-                          NT > 3 ? xt[3][b].d : 0.0f, NT > 4 ? xt[4][b].d : 0.0f, NT > 5 ? xt[5][b].d : 0.0f,
-                          NT > 6 ? xt[6][b].d : 0.0f, NT > 7 ? xt[7][b].d : 0.0f);
-}
-static inline __m128i g4_insert_epi16(__m128i v, uint16_t h, const int t) {
-    switch (t) {
-    case 0: return _mm_insert_epi16(v, h, 0);
-    case 1: return _mm_insert_epi16(v, h, 1);
-    case 2: return _mm_insert_epi16(v, h, 2);
-    case 3: return _mm_insert_epi16(v, h, 3);
-    case 4: return _mm_insert_epi16(v, h, 4);
-    case 5: return _mm_insert_epi16(v, h, 5);
-    case 6: return _mm_insert_epi16(v, h, 6);
-    default: return _mm_insert_epi16(v, h, 7);
+/* Per-call tables for a chunk of up to 8 tokens (built once, shared by every row):
+ *   mt[4b + p]: int16 pairs (B_{2p}[t], B_{2p+1}[t]) for t = 0..7, B_j = bsum over sub-block j
+ *               of 32, so that sum_p madd(mt[4b + p], (m_{2p}, m_{2p+1})) = M of 8 tokens at once;
+ *   dxt[8b + t]: the token's block scale d (0 for padding tokens). */
+#define G4_CAPB 96 /* blocks per table range (k <= 24576 in one range) */
+static void g4_build_tabs(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_t nbr, __m256i *mt,
+                          float *dxt) {
+    for (int64_t b = 0; b < nbr; b++) {
+        int32_t *v = (int32_t *)&mt[4 * b];
+        for (int t = 0; t < 8; t++) {
+            if (t < nt) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xrb) + b0 + b;
+                if (mt)
+                    for (int p = 0; p < 4; p++) {
+                        const int16_t lo = (int16_t)(xb->bsums[4 * p] + xb->bsums[4 * p + 1]);
+                        const int16_t hi = (int16_t)(xb->bsums[4 * p + 2] + xb->bsums[4 * p + 3]);
+                        v[8 * p + t] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
+                    }
+                dxt[8 * b + t] = xb->d;
+            } else {
+                if (mt)
+                    for (int p = 0; p < 4; p++) v[8 * p + t] = 0;
+                dxt[8 * b + t] = 0.0f;
+            }
+        }
     }
 }
 
+/* int16 (m_{2p}, m_{2p+1}) in every dword, from the 8 mins as int16 */
+static inline __m256i g4_minpair(__m128i m16, const int p) {
+    return _mm256_broadcastd_epi32(_mm_shuffle_epi32(m16, p * 0x55));
+}
+
+static inline __m256 g4_load_acc(const float *y, int64_t ldy, int64_t r, const int NT) {
+    return _mm256_setr_ps(y[r], NT > 1 ? y[ldy + r] : 0.0f, NT > 2 ? y[2 * ldy + r] : 0.0f,
+                          NT > 3 ? y[3 * ldy + r] : 0.0f, NT > 4 ? y[4 * ldy + r] : 0.0f,
+                          NT > 5 ? y[5 * ldy + r] : 0.0f, NT > 6 ? y[6 * ldy + r] : 0.0f,
+                          NT > 7 ? y[7 * ldy + r] : 0.0f);
+}
+
+/* NT tokens (2..8) vectorised across tokens: per block and sub-block pair the quants and scales
+ * sit in registers while every token runs over them; per block the NT S vectors are reduced by
+ * one transpose, M comes from the table, and the float ops run with one token per lane. */
 #define G4_K45_TOK(NAME, BT, PAIR)                                                                 \
     static inline __attribute__((always_inline)) void NAME(                                        \
         const BT *wr, int64_t nb, const uint8_t *x, size_t xrb, float *y, int64_t ldy, int64_t r,  \
-        const int NT) {                                                                            \
+        const __m256i *mt, const float *dxt, int first, const int NT) {                            \
         const block_q8_K *xt[8];                                                                   \
         for (int t = 0; t < NT; t++) xt[t] = (const block_q8_K *)(x + (size_t)t * xrb);            \
-        __m256 acc = _mm256_setzero_ps();                                                          \
+        __m256 acc = first ? _mm256_setzero_ps() : g4_load_acc(y, ldy, r, NT);                     \
         for (int64_t b = 0; b < nb; b++) {                                                         \
             const BT *wb = &wr[b];                                                                 \
             __m256i mins;                                                                          \
-            const __m256i scb = g4_k45_scb(wb->scales, &mins);                                     \
+            __m128i m16;                                                                           \
+            const __m256i scb = g4_k45_scb(wb->scales, &mins, &m16);                               \
             __m256i S[8];                                                                          \
             for (int t = 0; t < NT; t++) S[t] = _mm256_setzero_si256();                            \
             for (int g = 0; g < 4; g++) {                                                          \
@@ -212,14 +192,17 @@ static inline __m128i g4_insert_epi16(__m128i v, uint16_t h, const int t) {
                     const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)), sl); \
                     const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))), sh); \
                     S[t] = _mm256_add_epi32(S[t], _mm256_add_epi32(pl, ph));                       \
+                    G4_KEEP(S[t]);                                                                 \
                 }                                                                                  \
             }                                                                                      \
+            /* mins as int16 [m0 .. m7] in the low lane; pair p = dword p */                      \
+            const __m256i *mb = &mt[4 * b];                                                        \
+            const __m256i Mi = _mm256_add_epi32(                                                   \
+                _mm256_add_epi32(_mm256_madd_epi16(mb[0], g4_minpair(m16, 0)), _mm256_madd_epi16(mb[1], g4_minpair(m16, 1))), \
+                _mm256_add_epi32(_mm256_madd_epi16(mb[2], g4_minpair(m16, 2)), _mm256_madd_epi16(mb[3], g4_minpair(m16, 3)))); \
             const __m256 Sf = _mm256_cvtepi32_ps(g4_hsum_nt(S, NT));                               \
-            __m256i Mv[8];                                                                         \
-            for (int t = 0; t < NT; t++)                                                           \
-                Mv[t] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xt[t][b].bsums), mins); \
-            const __m256 Mf = _mm256_cvtepi32_ps(g4_hsum_nt(Mv, NT));                              \
-            const __m256 dx = g4_dx_nt(xt, b, NT);                                                 \
+            const __m256 Mf = _mm256_cvtepi32_ps(Mi);                                              \
+            const __m256 dx = _mm256_loadu_ps(dxt + 8 * b);                                        \
             const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wb->d)), dx);      \
             const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wb->dmin)), dx);   \
             acc = _mm256_add_ps(acc, _mm256_sub_ps(_mm256_mul_ps(dd, Sf), _mm256_mul_ps(dm, Mf))); \
@@ -231,32 +214,50 @@ static inline __m128i g4_insert_epi16(__m128i v, uint16_t h, const int t) {
 G4_K45_TOK(g4_q4_K_tok, block_q4_K, g4_q4_K_pair)
 G4_K45_TOK(g4_q5_K_tok, block_q5_K, g4_q5_K_pair)
 
-#define G4_K45_GEMM(NAME, BT, ONE, TOK)                                                            \
+/* Driver for the K-quants: token tiles of 16 (two chunks of 8), block ranges of G4_CAPB with the
+ * per-chunk tables on the stack; a row's accumulators continue across block ranges through y. */
+#define G4_KQ_GEMM(NAME, BT, ONE, TOK, NEEDM)                                                      \
     void NAME(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,         \
               int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {                                  \
         const int64_t nb = k / QK_K;                                                               \
-        for (int64_t r = r0; r < r1; r++) {                                                        \
-            const BT *wr = (const BT *)G4_ROWP(w, r, wrb);                                         \
-            for (int64_t t0 = 0; t0 < n_tok; t0 += 8) {                                            \
-                const int nt = (int)(n_tok - t0 < 8 ? n_tok - t0 : 8);                             \
-                const uint8_t *xt = (const uint8_t *)x + (size_t)t0 * xrb;                         \
-                float *yt = y + t0 * ldy;                                                          \
-                switch (nt) {                                                                      \
-                case 1: yt[r] = ONE(wr, (const block_q8_K *)xt, nb); break;                        \
-                case 2: TOK(wr, nb, xt, xrb, yt, ldy, r, 2); break;                                \
-                case 3: TOK(wr, nb, xt, xrb, yt, ldy, r, 3); break;                                \
-                case 4: TOK(wr, nb, xt, xrb, yt, ldy, r, 4); break;                                \
-                case 5: TOK(wr, nb, xt, xrb, yt, ldy, r, 5); break;                                \
-                case 6: TOK(wr, nb, xt, xrb, yt, ldy, r, 6); break;                                \
-                case 7: TOK(wr, nb, xt, xrb, yt, ldy, r, 7); break;                                \
-                default: TOK(wr, nb, xt, xrb, yt, ldy, r, 8); break;                               \
+        __m256i mt[2][NEEDM ? 4 * G4_CAPB : 1];                                                    \
+        float dxt[2][8 * G4_CAPB];                                                                 \
+        for (int64_t tt = 0; tt < n_tok; tt += 16) {                                               \
+            const int ntt = (int)(n_tok - tt < 16 ? n_tok - tt : 16);                              \
+            const int nch = (ntt + 7) / 8;                                                         \
+            for (int64_t b0 = 0; b0 < nb; b0 += G4_CAPB) {                                         \
+                const int64_t nbr = nb - b0 < G4_CAPB ? nb - b0 : G4_CAPB;                         \
+                for (int c = 0; c < nch; c++) {                                                    \
+                    const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                              \
+                    if (nt > 1)                                                                    \
+                        g4_build_tabs((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, \
+                                      NEEDM ? mt[c] : NULL, dxt[c]);                               \
+                }                                                                                  \
+                for (int64_t r = r0; r < r1; r++) {                                                \
+                    const BT *wr = (const BT *)G4_ROWP(w, r, wrb) + b0;                            \
+                    for (int c = 0; c < nch; c++) {                                                \
+                        const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                          \
+                        const uint8_t *xt = (const uint8_t *)x + (size_t)(tt + 8 * c) * xrb + (size_t)b0 * sizeof(block_q8_K); \
+                        float *yt = y + (tt + 8 * c) * ldy;                                        \
+                        const int first = b0 == 0;                                                 \
+                        switch (nt) {                                                              \
+                        case 1: yt[r] = ONE(wr, (const block_q8_K *)xt, nbr, first ? 0.0f : yt[r]); break; \
+                        case 2: TOK(wr, nbr, xt, xrb, yt, ldy, r, mt[c], dxt[c], first, 2); break; \
+                        case 3: TOK(wr, nbr, xt, xrb, yt, ldy, r, mt[c], dxt[c], first, 3); break; \
+                        case 4: TOK(wr, nbr, xt, xrb, yt, ldy, r, mt[c], dxt[c], first, 4); break; \
+                        case 5: TOK(wr, nbr, xt, xrb, yt, ldy, r, mt[c], dxt[c], first, 5); break; \
+                        case 6: TOK(wr, nbr, xt, xrb, yt, ldy, r, mt[c], dxt[c], first, 6); break; \
+                        case 7: TOK(wr, nbr, xt, xrb, yt, ldy, r, mt[c], dxt[c], first, 7); break; \
+                        default: TOK(wr, nbr, xt, xrb, yt, ldy, r, mt[c], dxt[c], first, 8); break; \
+                        }                                                                          \
+                    }                                                                              \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
     }
 
-G4_K45_GEMM(g4_gemm_q4_K_q8_K_avx2, block_q4_K, g4_q4_K_one, g4_q4_K_tok)
-G4_K45_GEMM(g4_gemm_q5_K_q8_K_avx2, block_q5_K, g4_q5_K_one, g4_q5_K_tok)
+G4_KQ_GEMM(g4_gemm_q4_K_q8_K_avx2, block_q4_K, g4_q4_K_one, g4_q4_K_tok, 1)
+G4_KQ_GEMM(g4_gemm_q5_K_q8_K_avx2, block_q5_K, g4_q5_K_one, g4_q5_K_tok, 1)
 
 /* ===================================== Q6_K x Q8_K ========================================= */
 /* S = sum_j sc_j * sum_l (q - 32) x = sum_j sc_j (sum_l q x) - 32 sum_j sc_j bsum_j (exact int32) */
@@ -293,37 +294,28 @@ static inline __m256i g4_q6_dot1(const block_q6_K *b, const block_q8_K *xb) {
     return _mm256_sub_epi32(_mm256_add_epi32(s0, s1), g4_q6_bias(xb, sc16));
 }
 
-static float g4_q6_K_one(const block_q6_K *wr, const block_q8_K *xb, int64_t nb) {
-    float acc = 0.0f;
+static float g4_q6_K_one(const block_q6_K *wr, const block_q8_K *xb, int64_t nb, float acc) {
     for (int64_t bg = 0; bg < nb; bg += 8) {
         const int nbg = (int)(nb - bg < 8 ? nb - bg : 8);
         __m256i S[8];
-        uint16_t dh[8] = {0};
-        float dxs[8] = {0};
-        for (int i = 0; i < 8; i++) {
-            if (i < nbg) {
-                S[i] = g4_q6_dot1(&wr[bg + i], &xb[bg + i]);
-                dh[i] = wr[bg + i].d;
-                dxs[i] = xb[bg + i].d;
-            } else {
-                S[i] = _mm256_setzero_si256();
-            }
+        for (int i = 0; i < 8; i++) S[i] = i < nbg ? g4_q6_dot1(&wr[bg + i], &xb[bg + i]) : _mm256_setzero_si256();
+        int32_t is[8];
+        _mm256_storeu_si256((__m256i *)is, g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7]));
+        for (int i = 0; i < nbg; i++) {
+            const float dd = g4_fp16_to_fp32_f16c(wr[bg + i].d) * xb[bg + i].d;
+            acc = acc + dd * (float)is[i];
         }
-        const __m256i R = g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7]);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-        const __m256 P = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(dxs)), _mm256_cvtepi32_ps(R));
-        float p[8];
-        _mm256_storeu_ps(p, P);
-        for (int i = 0; i < nbg; i++) acc = acc + p[i];
     }
     return acc;
 }
 
 static inline __attribute__((always_inline)) void g4_q6_K_tok(const block_q6_K *wr, int64_t nb, const uint8_t *x,
-                                                              size_t xrb, float *y, int64_t ldy, int64_t r, const int NT) {
+                                                              size_t xrb, float *y, int64_t ldy, int64_t r,
+                                                              const __m256i *mt, const float *dxt, int first, const int NT) {
+    (void)mt;
     const block_q8_K *xt[8];
     for (int t = 0; t < NT; t++) xt[t] = (const block_q8_K *)(x + (size_t)t * xrb);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc = first ? _mm256_setzero_ps() : g4_load_acc(y, ldy, r, NT);
     for (int64_t b = 0; b < nb; b++) {
         const block_q6_K *wb = &wr[b];
         const __m256i sc16 = g4_q6_sc16(wb);
@@ -334,11 +326,12 @@ static inline __attribute__((always_inline)) void g4_q6_K_tok(const block_q6_K *
             for (int t = 0; t < NT; t++) {
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(xt[t][b].qs + 32 * i));
                 S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), sc));
+                G4_KEEP(S[t]);
             }
         }
         for (int t = 0; t < NT; t++) S[t] = _mm256_sub_epi32(S[t], g4_q6_bias(&xt[t][b], sc16));
         const __m256 Sf = _mm256_cvtepi32_ps(g4_hsum_nt(S, NT));
-        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wb->d)), g4_dx_nt(xt, b, NT));
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wb->d)), _mm256_loadu_ps(dxt + 8 * b));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(dd, Sf));
     }
     float a[8];
@@ -346,11 +339,11 @@ static inline __attribute__((always_inline)) void g4_q6_K_tok(const block_q6_K *
     for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];
 }
 
-G4_K45_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok)
+G4_KQ_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok, 0)
 
 /* ============================ Q8_0 / Q5_0 / Q4_0 x Q8_0 ==================================== */
-/* Weights of a block as signed int8. Q8_0: maddubs(|w|, sign(x, w)) (exact except for a pair
- * w < 0, x = -128, which a Q8_0 activation only holds when its block scale is sub-normal);
+/* Weights of a block as signed int8. Q8_0: maddubs(|w|, sign(x, w)) (exact for x > -128; see
+ * g4_q8_0_act_has_m128 for the rest);
  * Q5_0/Q4_0 (|w| <= 16): maddubs(|x|, sign(w, x)), exact for every int8 x. */
 static inline __m256i g4_q4_0_vals(const block_q4_0 *b) {
     const __m128i q = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0f);
@@ -382,46 +375,37 @@ static inline __m256i g4_q32_dot(__m256i wv, __m256i aw, const int8_t *xq, const
 }
 
 #define G4_Q32_KERNELS(PFX, BT, VALS, SMALLW)                                                      \
-    static float PFX##_one(const BT *wr, const block_q8_0 *xb, int64_t nb) {                       \
-        float acc = 0.0f;                                                                          \
+    static float PFX##_one(const BT *wr, const block_q8_0 *xb, int64_t nb, float acc) {            \
         for (int64_t bg = 0; bg < nb; bg += 8) {                                                   \
             const int nbg = (int)(nb - bg < 8 ? nb - bg : 8);                                      \
             __m256i S[8];                                                                          \
-            uint16_t dh[8] = {0}, xh[8] = {0};                                                     \
             for (int i = 0; i < 8; i++) {                                                          \
                 if (i < nbg) {                                                                     \
                     const __m256i wv = VALS(&wr[bg + i]);                                          \
                     S[i] = g4_q32_dot(wv, _mm256_abs_epi8(wv), xb[bg + i].qs, SMALLW);              \
-                    dh[i] = wr[bg + i].d;                                                          \
-                    xh[i] = xb[bg + i].d;                                                          \
                 } else {                                                                           \
                     S[i] = _mm256_setzero_si256();                                                 \
                 }                                                                                  \
             }                                                                                      \
-            const __m256i R = g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7]);     \
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));              \
-            const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)xh));              \
-            const __m256 P = _mm256_mul_ps(_mm256_cvtepi32_ps(R), _mm256_mul_ps(dw, dx));          \
-            float p[8];                                                                            \
-            _mm256_storeu_ps(p, P);                                                                \
-            for (int i = 0; i < nbg; i++) acc = acc + p[i];                                        \
+            int32_t is[8];                                                                         \
+            _mm256_storeu_si256((__m256i *)is, g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7])); \
+            for (int i = 0; i < nbg; i++) {                                                        \
+                const float dd = g4_fp16_to_fp32_f16c(wr[bg + i].d) * g4_fp16_to_fp32_f16c(xb[bg + i].d); \
+                acc = acc + (float)is[i] * dd;                                                     \
+            }                                                                                      \
         }                                                                                          \
         return acc;                                                                                \
     }                                                                                              \
     static inline __attribute__((always_inline)) void PFX##_tok(const BT *wr, int64_t nb, const uint8_t *x, \
-        size_t xrb, float *y, int64_t ldy, int64_t r, const int NT) {                              \
+        size_t xrb, float *y, int64_t ldy, int64_t r, const float *dxt, int first, const int NT) { \
         const block_q8_0 *xt[8];                                                                   \
         for (int t = 0; t < NT; t++) xt[t] = (const block_q8_0 *)(x + (size_t)t * xrb);            \
-        __m256 acc = _mm256_setzero_ps();                                                          \
+        __m256 acc = first ? _mm256_setzero_ps() : g4_load_acc(y, ldy, r, NT);                     \
         for (int64_t b = 0; b < nb; b++) {                                                         \
             const __m256i wv = VALS(&wr[b]), aw = _mm256_abs_epi8(wv);                             \
             __m256i S[8];                                                                          \
-            __m128i xh = _mm_setzero_si128();                                                      \
-            for (int t = 0; t < NT; t++) {                                                         \
-                S[t] = g4_q32_dot(wv, aw, xt[t][b].qs, SMALLW);                                    \
-                xh = g4_insert_epi16(xh, xt[t][b].d, t);                                          \
-            }                                                                                      \
-            const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wr[b].d)), _mm256_cvtph_ps(xh)); \
+            for (int t = 0; t < NT; t++) S[t] = g4_q32_dot(wv, aw, xt[t][b].qs, SMALLW);           \
+            const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wr[b].d)), _mm256_loadu_ps(dxt + 8 * b)); \
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(g4_hsum_nt(S, NT)), dd));     \
         }                                                                                          \
         float a[8];                                                                                \
@@ -429,38 +413,137 @@ static inline __m256i g4_q32_dot(__m256i wv, __m256i aw, const int8_t *xq, const
         for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];                                        \
     }
 
+/* 2..4 tokens: blocks x tokens share one transpose (4 blocks x 2 tokens or 2 blocks x 4 tokens),
+ * lane (i, t) = block i, token t; each block's lanes are then added to the token accumulators in
+ * block order. */
+#define G4_XH(l) ((l) % NTP < NT ? xt[(l) % NTP][bg + (l) / NTP].d : (uint16_t)0)
+#define G4_WH(l) ((l) % NTP < NT ? wr[bg + (l) / NTP].d : (uint16_t)0)
+#define G4_Q32_TOKB(PFX, BT, VALS, SMALLW)                                                         \
+    static inline __attribute__((always_inline)) void PFX##_tokb(const BT *wr, int64_t nb, const uint8_t *x, \
+        size_t xrb, float *y, int64_t ldy, int64_t r, int first, const int NT) {                   \
+        const int NTP = NT <= 2 ? 2 : 4, BPG = 8 / NTP;                                            \
+        const block_q8_0 *xt[4];                                                                   \
+        for (int t = 0; t < NT; t++) xt[t] = (const block_q8_0 *)(x + (size_t)t * xrb);            \
+        const __m256i z = _mm256_setzero_si256();                                                  \
+        __m128 acc = first ? _mm_setzero_ps() : _mm256_castps256_ps128(g4_load_acc(y, ldy, r, NT)); \
+        int64_t bg = 0;                                                                            \
+        for (; bg + BPG <= nb; bg += BPG) {                                                        \
+            __m256i S[8];                                                                          \
+            _Pragma("GCC unroll 8") for (int i = 0; i < BPG; i++) {                                \
+                const __m256i wv = VALS(&wr[bg + i]), aw = _mm256_abs_epi8(wv);                    \
+                _Pragma("GCC unroll 8") for (int t = 0; t < NTP; t++)                              \
+                    S[i * NTP + t] = t < NT ? g4_q32_dot(wv, aw, xt[t][bg + i].qs, SMALLW) : z;    \
+            }                                                                                      \
+            const __m256i R = g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7]);     \
+            const __m128i wh = _mm_setr_epi16(G4_WH(0), G4_WH(1), G4_WH(2), G4_WH(3), G4_WH(4), G4_WH(5), G4_WH(6), G4_WH(7)); \
+            const __m128i xh = _mm_setr_epi16(G4_XH(0), G4_XH(1), G4_XH(2), G4_XH(3), G4_XH(4), G4_XH(5), G4_XH(6), G4_XH(7)); \
+            const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(wh), _mm256_cvtph_ps(xh));             \
+            const __m256 P = _mm256_mul_ps(_mm256_cvtepi32_ps(R), dd);                             \
+            const __m128 lo = _mm256_castps256_ps128(P), hi = _mm256_extractf128_ps(P, 1);         \
+            if (NTP == 4) {                                                                        \
+                acc = _mm_add_ps(acc, lo);                                                         \
+                acc = _mm_add_ps(acc, hi);                                                         \
+            } else {                                                                               \
+                acc = _mm_add_ps(acc, lo);                                                         \
+                acc = _mm_add_ps(acc, _mm_movehl_ps(lo, lo));                                      \
+                acc = _mm_add_ps(acc, hi);                                                         \
+                acc = _mm_add_ps(acc, _mm_movehl_ps(hi, hi));                                      \
+            }                                                                                      \
+        }                                                                                          \
+        for (; bg < nb; bg++) { /* tail blocks: one block, token lanes */                         \
+            const __m256i wv = VALS(&wr[bg]), aw = _mm256_abs_epi8(wv);                            \
+            __m256i S[8];                                                                          \
+            _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++)                                    \
+                S[t] = t < NT ? g4_q32_dot(wv, aw, xt[t][bg].qs, SMALLW) : z;                      \
+            const __m256i R = g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7]);     \
+            const __m128i xh = _mm_setr_epi16(xt[0][bg].d, NT > 1 ? xt[1][bg].d : 0, NT > 2 ? xt[2][bg].d : 0, \
+                                              NT > 3 ? xt[3][bg].d : 0, 0, 0, 0, 0);               \
+            const __m128 dd = _mm_mul_ps(_mm_set1_ps(g4_fp16_to_fp32_f16c(wr[bg].d)), _mm_cvtph_ps(xh)); \
+            acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(_mm256_castsi256_si128(R)), dd));     \
+        }                                                                                          \
+        float a[4];                                                                                \
+        _mm_storeu_ps(a, acc);                                                                     \
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];                                        \
+    }
+G4_Q32_TOKB(g4_q8_0, block_q8_0, g4_q8_0_vals, 0)
+G4_Q32_TOKB(g4_q5_0, block_q5_0, g4_q5_0_vals, 1)
+G4_Q32_TOKB(g4_q4_0, block_q4_0, g4_q4_0_vals, 1)
+
 G4_Q32_KERNELS(g4_q8_0, block_q8_0, g4_q8_0_vals, 0)
 G4_Q32_KERNELS(g4_q5_0, block_q5_0, g4_q5_0_vals, 1)
 G4_Q32_KERNELS(g4_q4_0, block_q4_0, g4_q4_0_vals, 1)
 
 /* generic driver: rows outer, tokens in chunks of 8 (ONE for a single token) */
-#define G4_Q32_GEMM(NAME, BT, ONE, TOK)                                                            \
+#define G4_CAPB32 512 /* 32-blocks per dx-table range (k <= 16384 in one range) */
+static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_t nbr, float *dxt) {
+    for (int64_t b = 0; b < nbr; b++)
+        for (int t = 0; t < 8; t++)
+            dxt[8 * b + t] = t < nt ? g4_fp16_to_fp32_f16c(((const block_q8_0 *)(x + (size_t)t * xrb))[b0 + b].d) : 0.0f;
+}
+
+/* driver: token tiles of 16 (chunks of 8; ONE for a single token, TOKB for 2..4, TOK with a
+ * per-call dx table for 5..8), rows inside; the accumulators continue across dx-table ranges
+ * through y */
+#define G4_Q32_GEMM(NAME, BT, ONE, TOK, TOKB, GUARD)                                               \
     void NAME(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,         \
               int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {                                  \
         const int64_t nb = k / 32;                                                                 \
-        for (int64_t r = r0; r < r1; r++) {                                                        \
-            const BT *wr = (const BT *)G4_ROWP(w, r, wrb);                                         \
-            for (int64_t t0 = 0; t0 < n_tok; t0 += 8) {                                            \
-                const int nt = (int)(n_tok - t0 < 8 ? n_tok - t0 : 8);                             \
-                const uint8_t *xt = (const uint8_t *)x + (size_t)t0 * xrb;                         \
-                float *yt = y + t0 * ldy;                                                          \
-                switch (nt) {                                                                      \
-                case 1: yt[r] = ONE(wr, (const block_q8_0 *)xt, nb); break;                        \
-                case 2: TOK(wr, nb, xt, xrb, yt, ldy, r, 2); break;                                \
-                case 3: TOK(wr, nb, xt, xrb, yt, ldy, r, 3); break;                                \
-                case 4: TOK(wr, nb, xt, xrb, yt, ldy, r, 4); break;                                \
-                case 5: TOK(wr, nb, xt, xrb, yt, ldy, r, 5); break;                                \
-                case 6: TOK(wr, nb, xt, xrb, yt, ldy, r, 6); break;                                \
-                case 7: TOK(wr, nb, xt, xrb, yt, ldy, r, 7); break;                                \
-                default: TOK(wr, nb, xt, xrb, yt, ldy, r, 8); break;                               \
+        GUARD                                                                                      \
+        float dxt[2][8 * G4_CAPB32];                                                               \
+        for (int64_t tt = 0; tt < n_tok; tt += 16) {                                               \
+            const int ntt = (int)(n_tok - tt < 16 ? n_tok - tt : 16);                              \
+            const int nch = (ntt + 7) / 8;                                                         \
+            const int64_t range = ntt >= 5 ? G4_CAPB32 : nb;                                       \
+            for (int64_t b0 = 0; b0 < nb; b0 += range) {                                           \
+                const int64_t nbr = nb - b0 < range ? nb - b0 : range;                             \
+                for (int c = 0; c < nch; c++) {                                                    \
+                    const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                              \
+                    if (nt >= 5) g4_build_dx32((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, dxt[c]); \
+                }                                                                                  \
+                const int first = b0 == 0;                                                         \
+                for (int64_t r = r0; r < r1; r++) {                                                \
+                    const BT *wr = (const BT *)G4_ROWP(w, r, wrb) + b0;                            \
+                    for (int c = 0; c < nch; c++) {                                                \
+                        const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                          \
+                        const uint8_t *xt = (const uint8_t *)x + (size_t)(tt + 8 * c) * xrb + (size_t)b0 * sizeof(block_q8_0); \
+                        float *yt = y + (tt + 8 * c) * ldy;                                        \
+                        switch (nt) {                                                              \
+                        case 1: yt[r] = ONE(wr, (const block_q8_0 *)xt, nbr, first ? 0.0f : yt[r]); break; \
+                        case 2: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 2); break;               \
+                        case 3: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 3); break;               \
+                        case 4: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 4); break;               \
+                        case 5: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 5); break;        \
+                        case 6: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 6); break;        \
+                        case 7: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 7); break;        \
+                        default: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 8); break;       \
+                        }                                                                          \
+                    }                                                                              \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
     }
 
-G4_Q32_GEMM(g4_gemm_q8_0_q8_0_avx2, block_q8_0, g4_q8_0_one, g4_q8_0_tok)
-G4_Q32_GEMM(g4_gemm_q5_0_q8_0_avx2, block_q5_0, g4_q5_0_one, g4_q5_0_tok)
-G4_Q32_GEMM(g4_gemm_q4_0_q8_0_avx2, block_q4_0, g4_q4_0_one, g4_q4_0_tok)
+/* A Q8_0 activation byte of -128 (only produced when its block scale is sub-normal) would break
+ * the sign trick; such calls (never seen with real activations) go to the reference kernel. */
+static int g4_q8_0_act_has_m128(const void *x, size_t xrb, int64_t n_tok, int64_t nb) {
+    const __m256i m = _mm256_set1_epi8((char)-128);
+    __m256i hit = _mm256_setzero_si256();
+    for (int64_t t = 0; t < n_tok; t++) {
+        const block_q8_0 *xb = (const block_q8_0 *)G4_ROWP(x, t, xrb);
+        for (int64_t b = 0; b < nb; b++)
+            hit = _mm256_or_si256(hit, _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)xb[b].qs), m));
+    }
+    return !_mm256_testz_si256(hit, hit);
+}
+#define G4_Q8_0_GUARD                                                                              \
+    if (g4_q8_0_act_has_m128(x, xrb, n_tok, nb)) {                                                 \
+        g4_gemm_q8_0_q8_0_ref(w, wrb, x, xrb, y, ldy, n_tok, k, r0, r1);                           \
+        return;                                                                                    \
+    }
+
+G4_Q32_GEMM(g4_gemm_q8_0_q8_0_avx2, block_q8_0, g4_q8_0_one, g4_q8_0_tok, g4_q8_0_tokb, G4_Q8_0_GUARD)
+G4_Q32_GEMM(g4_gemm_q5_0_q8_0_avx2, block_q5_0, g4_q5_0_one, g4_q5_0_tok, g4_q5_0_tokb, )
+G4_Q32_GEMM(g4_gemm_q4_0_q8_0_avx2, block_q4_0, g4_q4_0_one, g4_q4_0_tok, g4_q4_0_tokb, )
 
 /* ================================ F32 / F16 / BF16 x F32 =================================== */
 static inline __m256 g4_ld_f32(const void *p) { return _mm256_loadu_ps((const float *)p); }

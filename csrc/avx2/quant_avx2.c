@@ -167,13 +167,6 @@ static inline __m256i g4_q5_0_values(const block_q5_0 *b) {
     return _mm256_sub_epi8(_mm256_or_si256(nib, g4_q5_0_hbits(b->qh)), _mm256_set1_epi8(16));
 }
 
-static inline __m256i g4_q4_0_values(const block_q4_0 *b) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-    return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
-}
-
 void g4_dequant_row_q5_0_avx2(const void *w, float *y, int64_t k) {
     const block_q5_0 *b = (const block_q5_0 *)w;
     for (int64_t i = 0; i < k / QK5_0; i++, y += QK5_0) {

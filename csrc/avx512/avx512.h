@@ -28,16 +28,28 @@ G4_AI __m512 g4x_half16_to_ps(__m256i h) {
 
 /* One merge step of a transposed horizontal reduction: lanes whose bit H is clear get
  * a[i] + a[i^H], lanes whose bit H is set get b[i] + b[i^H]. Integer adds: exact. */
+#ifndef G4X_MERGE_MODE
+#define G4X_MERGE_MODE 0
+#endif
 G4_AI __m512i g4x_merge(__m512i a, __m512i b, const int h) {
     const __mmask16 m = h == 1 ? 0xAAAA : h == 2 ? 0xCCCC : h == 4 ? 0xF0F0 : 0xFF00;
-    const __m512i c1 = _mm512_mask_blend_epi32(m, a, b);
-    const __m512i c2 = _mm512_mask_blend_epi32(m, b, a);
-    __m512i s;
-    if (h == 1) s = _mm512_shuffle_epi32(c2, _MM_PERM_CDAB);
-    else if (h == 2) s = _mm512_shuffle_epi32(c2, _MM_PERM_BADC);
-    else if (h == 4) s = _mm512_shuffle_i32x4(c2, c2, 0xB1);
-    else s = _mm512_shuffle_i32x4(c2, c2, 0x4E);
-    return _mm512_add_epi32(c1, s);
+    if (G4X_MERGE_MODE == 0 || (G4X_MERGE_MODE == 1 && h <= 2)) {
+        /* blend, swap the other blend within 128-bit lanes, add */
+        const __m512i c1 = _mm512_mask_blend_epi32(m, a, b);
+        const __m512i c2 = _mm512_mask_blend_epi32(m, b, a);
+        __m512i s;
+        if (h == 1) s = _mm512_shuffle_epi32(c2, _MM_PERM_CDAB);
+        else if (h == 2) s = _mm512_shuffle_epi32(c2, _MM_PERM_BADC);
+        else if (h == 4) s = _mm512_shuffle_i32x4(c2, c2, 0xB1);
+        else s = _mm512_shuffle_i32x4(c2, c2, 0x4E);
+        return _mm512_add_epi32(c1, s);
+    }
+    /* lane i takes a[i^h] (bit h of i clear) or b[i^h] (set): one vpermt2d */
+    const __m512i idx = h == 1 ? _mm512_setr_epi32(1, 16, 3, 18, 5, 20, 7, 22, 9, 24, 11, 26, 13, 28, 15, 30)
+                      : h == 2 ? _mm512_setr_epi32(2, 3, 16, 17, 6, 7, 20, 21, 10, 11, 24, 25, 14, 15, 28, 29)
+                      : h == 4 ? _mm512_setr_epi32(4, 5, 6, 7, 16, 17, 18, 19, 12, 13, 14, 15, 24, 25, 26, 27)
+                               : _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23);
+    return _mm512_add_epi32(_mm512_mask_blend_epi32(m, a, b), _mm512_permutex2var_epi32(a, idx, b));
 }
 
 #endif

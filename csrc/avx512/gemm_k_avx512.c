@@ -16,6 +16,12 @@
 
 #define XS 320                   /* buffer bytes per (block, token): 256 permuted qs + 64 bsums */
 #define XBUF (112 * 1024)        /* stack budget for the permuted activations of one chunk */
+#ifndef G4X_PF
+#define G4X_PF 2
+#endif
+#ifndef G4X_BLOCKMODE
+#define G4X_BLOCKMODE 0
+#endif
 
 /* copy activations of blocks [c0, c0+kc) of n tokens into the permuted buffer */
 static void k_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, uint8_t *xp, float *dx) {
@@ -50,8 +56,11 @@ G4_AI void k_unpack_scales(const uint8_t *s12, uint64_t *sc8, uint64_t *mn8) {
 }
 
 /* One group of R = 16/NT rows x NT tokens over blocks [0, kc) of the chunk. Q5 selects Q5_K. */
-G4_AI void k_group(const int NT, const int Q5, const uint8_t *const *wrow, const uint8_t *xp, const float *dx,
-                   int kc, __m512 *accp, const __m512i rowidx, const __m512i tokidx) {
+G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const uint8_t *xp, const float *dx,
+                   const int b, __m512 *accp, const __m512i rowidx, const __m512i tokidx, const int BM,
+                   const int *xblk) {
+    /* BM (block mode): the R "rows" are R consecutive blocks of one weight row (xblk[i] = the
+     * activation block of item row i), and *accp receives the 16 per-item terms instead of a sum. */
     const int R = 16 / NT, NI = R * NT;
     const size_t BB = Q5 ? 176 : 144;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -63,17 +72,29 @@ G4_AI void k_group(const int NT, const int Q5, const uint8_t *const *wrow, const
         -1, 11, -1, 11, -1, 10, -1, 10, -1, 3, -1, 3, -1, 2, -1, 2,
         -1, 9, -1, 9, -1, 8, -1, 8, -1, 1, -1, 1, -1, 0, -1, 0);
     __m512 acc = *accp;
-    for (int b = 0; b < kc; b++) {
-        __m512i D[16], D2[16];
-        uint64_t sc8[16], mn8[16];
+    {
+        __m512i Sv[8], Mv[8];
         uint32_t dwm[16];
+        /* pending first item of a pair */
+        __m512i Pa = _mm512_setzero_si512(), Pa2 = _mm512_setzero_si512();
+        uint64_t Psc = 0, Pmn = 0;
+        int Pt = 0, Pb = 0;
+#pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
-            const uint8_t *blk = wrow[i] + (size_t)b * BB;
-            k_unpack_scales(blk + 4, &sc8[i], &mn8[i]);
+            const uint8_t *blk = wrow[i] + (BM ? 0 : (size_t)b * BB);
+            const int xbi = BM ? xblk[i] : b;
+            if (G4X_PF > 0) {
+                _mm_prefetch((const char *)blk + G4X_PF * BB, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + G4X_PF * BB + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + G4X_PF * BB + 128, _MM_HINT_T0);
+            }
+            uint64_t sc8, mn8;
+            k_unpack_scales(blk + 4, &sc8, &mn8);
             memcpy(&dwm[i], blk, 4);
             const uint8_t *qs = blk + (Q5 ? 48 : 16);
             const __m512i Q0 = _mm512_loadu_si512(qs), Q1 = _mm512_loadu_si512(qs + 64);
             __m512i W[4];
+#pragma GCC unroll 4
             for (int v = 0; v < 4; v++) {
                 const __m512i idx = _mm512_setr_epi64(v, v, 4 + v, 4 + v, 8 + v, 8 + v, 12 + v, 12 + v);
                 W[v] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(Q0, idx, Q1), sh), m4);
@@ -88,39 +109,50 @@ G4_AI void k_group(const int NT, const int Q5, const uint8_t *const *wrow, const
                     W[v] = _mm512_mask_add_epi8(W[v], _mm512_test_epi8_mask(hq, bm), W[v], _mm512_set1_epi8(16));
                 }
             }
+            __m512i scp_row = _mm512_setzero_si512(), mnp_row = _mm512_setzero_si512();
+            if (NT % 2 == 0) {
+                scp_row = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set1_epi64x((long long)sc8)), pat);
+                mnp_row = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set1_epi64x((long long)mn8)), pat);
+            }
+#pragma GCC unroll 16
             for (int t = 0; t < NT; t++) {
-                const uint8_t *xv = xp + ((size_t)b * NT + t) * XS;
+                const int it = i * NT + t;
+                const uint8_t *xv = xp + ((size_t)xbi * NT + t) * XS;
+                __m512i Dv, Dv2 = _mm512_setzero_si512();
                 if (!Q5) {
                     __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
                     d = _mm512_dpbusd_epi32(d, W[1], _mm512_loadu_si512(xv + 64));
                     d = _mm512_dpbusd_epi32(d, W[2], _mm512_loadu_si512(xv + 128));
-                    D[i * NT + t] = _mm512_dpbusd_epi32(d, W[3], _mm512_loadu_si512(xv + 192));
+                    Dv = _mm512_dpbusd_epi32(d, W[3], _mm512_loadu_si512(xv + 192));
                 } else { /* 5-bit weights: two chains so every lane fits int16 */
                     const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
                     const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[2], _mm512_loadu_si512(xv + 128));
-                    D[i * NT + t] = _mm512_dpbusd_epi32(d0, W[1], _mm512_loadu_si512(xv + 64));
-                    D2[i * NT + t] = _mm512_dpbusd_epi32(d1, W[3], _mm512_loadu_si512(xv + 192));
+                    Dv = _mm512_dpbusd_epi32(d0, W[1], _mm512_loadu_si512(xv + 64));
+                    Dv2 = _mm512_dpbusd_epi32(d1, W[3], _mm512_loadu_si512(xv + 192));
                 }
+                if (it % 2 == 0 && it + 1 < NI) { Pa = Dv; Pa2 = Dv2; Psc = sc8; Pmn = mn8; Pt = t; Pb = xbi; continue; }
+                /* finish pair p = it / 2: (pending, this) or (this, nothing) */
+                const int p = it / 2, single = it % 2 == 0;
+                const __m512i da = single ? Dv : Pa, db = single ? _mm512_setzero_si512() : Dv;
+                const __m512i da2 = single ? Dv2 : Pa2, db2 = single ? _mm512_setzero_si512() : Dv2;
+                const int ta = single ? t : Pt, xba = single ? xbi : Pb;
+                __m512i scp, mnp;
+                if (NT % 2 == 0) { scp = scp_row; mnp = mnp_row; }
+                else {
+                    const uint64_t sa = single ? sc8 : Psc, ma = single ? mn8 : Pmn;
+                    scp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)sc8, (long long)sa)), pat);
+                    mnp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)mn8, (long long)ma)), pat);
+                }
+                __m512i s = _mm512_madd_epi16(_mm512_packs_epi32(da, db), scp);
+                if (Q5) s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_packs_epi32(da2, db2), scp));
+                Sv[p] = s;
+                const __m512i bsa = _mm512_loadu_si512(xp + ((size_t)xba * NT + ta) * XS + 256);
+                const __m512i bs = single ? _mm512_maskz_mov_epi64(0x55, bsa)
+                                          : _mm512_mask_loadu_epi64(bsa, 0xAA, xp + ((size_t)xbi * NT + t) * XS + 256);
+                Mv[p] = _mm512_madd_epi16(bs, mnp);
             }
         }
-        __m512i Sv[8], Mv[8];
-        for (int p = 0; p < 8; p++) {
-            const int ia = 2 * p, ib = 2 * p + 1;
-            if (ia >= NI) { Sv[p] = Mv[p] = _mm512_setzero_si512(); continue; }
-            const int ra = ia / NT, ta = ia % NT;
-            const int hasb = ib < NI;
-            const int rb = hasb ? ib / NT : ra, tb = hasb ? ib % NT : ta;
-            const __m512i scp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)sc8[rb], (long long)sc8[ra])), pat);
-            const __m512i mnp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)mn8[rb], (long long)mn8[ra])), pat);
-            const __m512i db = hasb ? D[ib] : _mm512_setzero_si512();
-            __m512i s = _mm512_madd_epi16(_mm512_packs_epi32(D[ia], db), scp);
-            if (Q5) s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_packs_epi32(D2[ia], hasb ? D2[ib] : _mm512_setzero_si512()), scp));
-            Sv[p] = s;
-            const __m512i bsa = _mm512_loadu_si512(xp + ((size_t)b * NT + ta) * XS + 256);
-            const __m512i bs = hasb ? _mm512_mask_loadu_epi64(bsa, 0xAA, xp + ((size_t)b * NT + tb) * XS + 256)
-                                    : _mm512_maskz_mov_epi64(0x55, bsa);
-            Mv[p] = _mm512_madd_epi16(bs, mnp);
-        }
+        for (int p = (NI + 1) / 2; p < 8; p++) Sv[p] = Mv[p] = _mm512_setzero_si512();
         __m512i U[4], V[4], T[2], X[2];
         for (int u = 0; u < 4; u++) { U[u] = g4x_merge(Sv[2 * u], Sv[2 * u + 1], 1); V[u] = g4x_merge(Mv[2 * u], Mv[2 * u + 1], 1); }
         for (int u = 0; u < 2; u++) { T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 4); X[u] = g4x_merge(V[2 * u], V[2 * u + 1], 4); }
@@ -130,10 +162,16 @@ G4_AI void k_group(const int NT, const int Q5, const uint8_t *const *wrow, const
         else dm = _mm512_permutexvar_epi32(rowidx, _mm512_loadu_si512(dwm));
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
         const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
-        const __m512 d8 = NT == 1 ? _mm512_set1_ps(dx[b * 16]) : _mm512_permutexvar_ps(tokidx, _mm512_loadu_ps(dx + b * 16));
+        __m512 d8;
+        if (BM) {
+            const __m512i xb = _mm512_permutexvar_epi32(rowidx, _mm512_loadu_si512(xblk));
+            d8 = _mm512_i32gather_ps(_mm512_add_epi32(_mm512_slli_epi32(xb, 4), tokidx), dx, 4);
+        } else {
+            d8 = NT == 1 ? _mm512_set1_ps(dx[b * 16]) : _mm512_permutexvar_ps(tokidx, _mm512_loadu_ps(dx + b * 16));
+        }
         const __m512 dd = _mm512_mul_ps(dw, d8), dmm = _mm512_mul_ps(dmin, d8);
         const __m512 tv = _mm512_sub_ps(_mm512_mul_ps(dd, _mm512_cvtepi32_ps(S)), _mm512_mul_ps(dmm, _mm512_cvtepi32_ps(M)));
-        acc = _mm512_add_ps(acc, tv);
+        acc = BM ? tv : _mm512_add_ps(acc, tv);
     }
     *accp = acc;
 }
@@ -141,13 +179,15 @@ G4_AI void k_group(const int NT, const int Q5, const uint8_t *const *wrow, const
 G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
                   int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
     const int R = 16 / NT, NI = R * NT;
+    const int G = 16 / R; /* groups per row tile: the tile's rows share each block's activations in L1 */
     const size_t BB = Q5 ? 176 : 144;
     const int64_t nb = k / QK_K;
     int KC = XBUF / (NT * XS);
     if (KC > nb) KC = (int)nb;
     _Alignas(64) uint8_t xp[XBUF];
     _Alignas(64) float dx[(XBUF / XS) * 16];
-    int rowof[16], tokof[16], valid[16];
+    int rowof[16], tokof[16], valid[16], laneof[16];
+    for (int i = 0; i < 16; i++) laneof[k_item_of_lane(i)] = i;
     for (int i = 0; i < 16; i++) {
         const int it = k_item_of_lane(i);
         valid[i] = it < NI;
@@ -158,18 +198,54 @@ G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, cons
     for (int64_t c0 = 0; c0 < nb; c0 += KC) {
         const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
         k_prepare(x, xrb, NT, c0, kc, xp, dx);
-        for (int64_t r = r0; r < r1; r += R) {
-            const int nr = (int)(r1 - r < R ? r1 - r : R);
-            const uint8_t *wrow[16];
-            for (int i = 0; i < R; i++) wrow[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * BB;
-            _Alignas(64) float a[16];
-            for (int i = 0; i < 16; i++)
-                a[i] = (c0 > 0 && valid[i] && rowof[i] < nr) ? y[tokof[i] * ldy + r + rowof[i]] : 0.0f;
-            __m512 acc = _mm512_load_ps(a);
-            k_group(NT, Q5, wrow, xp, dx, kc, &acc, rowidx, tokidx);
-            _mm512_store_ps(a, acc);
-            for (int i = 0; i < 16; i++)
-                if (valid[i] && rowof[i] < nr) y[tokof[i] * ldy + r + rowof[i]] = a[i];
+        if (G4X_BLOCKMODE && kc >= R) { /* block mode: one weight row at a time (one memory stream), R blocks x NT tokens */
+            for (int64_t r = r0; r < r1; r++) {
+                float at[16];
+                for (int t = 0; t < NT; t++) at[t] = c0 > 0 ? y[t * ldy + r] : 0.0f;
+                const uint8_t *wr = w + (size_t)r * wrb + (size_t)c0 * BB;
+                for (int b0 = 0; b0 < kc; b0 += R) {
+                    const int cnt = kc - b0 < R ? kc - b0 : R;
+                    const uint8_t *wb[16];
+                    _Alignas(64) int xblk[16] = {0};
+                    for (int i = 0; i < R; i++) {
+                        xblk[i] = b0 + (i < cnt ? i : cnt - 1);
+                        wb[i] = wr + (size_t)xblk[i] * BB;
+                    }
+                    __m512 tv;
+                    k_block(NT, Q5, wb, xp, dx, 0, &tv, rowidx, tokidx, 1, xblk);
+                    _Alignas(64) float a[16];
+                    _mm512_store_ps(a, tv);
+                    for (int i = 0; i < cnt; i++)
+                        for (int t = 0; t < NT; t++) at[t] = at[t] + a[laneof[i * NT + t]];
+                }
+                for (int t = 0; t < NT; t++) y[t * ldy + r] = at[t];
+            }
+            continue;
+        }
+        for (int64_t rt = r0; rt < r1; rt += (int64_t)G * R) {
+            const int ng = (int)((r1 - rt + R - 1) / R < G ? (r1 - rt + R - 1) / R : G);
+            const uint8_t *wrow[16][16];
+            int nrs[16];
+            __m512 acc[16];
+            for (int g = 0; g < ng; g++) {
+                const int64_t r = rt + (int64_t)g * R;
+                const int nr = (int)(r1 - r < R ? r1 - r : R);
+                nrs[g] = nr;
+                for (int i = 0; i < R; i++) wrow[g][i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * BB;
+                _Alignas(64) float a[16];
+                for (int i = 0; i < 16; i++)
+                    a[i] = (c0 > 0 && valid[i] && rowof[i] < nr) ? y[tokof[i] * ldy + r + rowof[i]] : 0.0f;
+                acc[g] = _mm512_load_ps(a);
+            }
+            for (int b = 0; b < kc; b++)
+                for (int g = 0; g < ng; g++) k_block(NT, Q5, wrow[g], xp, dx, b, &acc[g], rowidx, tokidx, 0, NULL);
+            for (int g = 0; g < ng; g++) {
+                const int64_t r = rt + (int64_t)g * R;
+                _Alignas(64) float a[16];
+                _mm512_store_ps(a, acc[g]);
+                for (int i = 0; i < 16; i++)
+                    if (valid[i] && rowof[i] < nrs[g]) y[tokof[i] * ldy + r + rowof[i]] = a[i];
+            }
         }
     }
 }

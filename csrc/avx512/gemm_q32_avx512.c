@@ -9,6 +9,9 @@
  * the final acc = acc + p additions run in block order (scalar). */
 #include "avx512.h"
 
+#ifndef G4X_QTG
+#define G4X_QTG 1
+#endif
 #define QBUF (112 * 1024) /* stack budget for one chunk of biased activations (36 B per block) */
 
 G4_AI int q_lane_of_block(int beta) { return (beta >> 1) | ((beta & 1) << 3); }
@@ -77,6 +80,7 @@ G4_AI void q_row(const int NT, const int QT, const uint8_t *wr, const uint8_t *x
     for (int g = 0; g < kc; g += 16) {
         const int cnt = kc - g < 16 ? kc - g : 16;
         const uint8_t *p = wr + (size_t)g * BB;
+        for (int o = 0; o < 16 * BB; o += 64) _mm_prefetch((const char *)p + 32 * BB + o, _MM_HINT_T0);
         __m512i W[8], C[8];
         for (int j = 0; j < 8; j++) {
             const int b = 2 * j;
@@ -110,23 +114,122 @@ G4_AI void q_row(const int NT, const int QT, const uint8_t *wr, const uint8_t *x
     }
 }
 
+/* n_tok >= 2: R = 16/NT rows x NT tokens = up to 16 items, lane i = item i (row i/NT, token i%NT).
+ * For each pair of blocks the 16 items' dot-product vectors are reduced together, so the per-block
+ * float ops (and the in-order accumulation) run on 16 item lanes. Activations: xi[(g16, t)] blocks
+ * of 32 biased bytes; dxi[block][lane] = d_x of the lane's token. */
+G4_AI void q_group16(const int NT, const int QT, const uint8_t *const *wrow, const uint8_t *xu, const float *dxi,
+                     int kcp, int g, int cnt, __m512 *accp, const __m512i rowidx) {
+    const int R = 16 / NT, NI = R * NT;
+    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    const __m512i ones80 = _mm512_set1_epi8((char)0x80);
+    __m512 acc = *accp;
+    _Alignas(32) uint16_t dwr[16][16]; /* [block][row] raw f16 scales */
+    for (int i = 0; i < R; i++) /* next 16 blocks of each row: several rows stream at once */
+        for (int o = 0; o < 16 * BB; o += 64) _mm_prefetch((const char *)wrow[i] + (size_t)(g + 32) * BB + o, _MM_HINT_T0);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const int b = 2 * j;
+        if (b >= cnt) break;
+        __m512i D[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < R; i++) {
+            const uint8_t *p = wrow[i] + (size_t)(g + b) * BB;
+            const __m512i W = q_unpack2(QT, p, BB, b + 1 < cnt);
+            const __m512i C = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones80, W));
+            memcpy(&dwr[b][i], p, 2);
+            if (b + 1 < cnt) memcpy(&dwr[b + 1][i], p + BB, 2);
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; t++)
+                D[i * NT + t] = _mm512_dpbusd_epi32(C, _mm512_load_si512(xu + ((size_t)t * kcp + g + b) * 32), W);
+        }
+#pragma GCC unroll 16
+        for (int it = NI; it < 16; it++) D[it] = _mm512_setzero_si512();
+        __m512i U[8], T[4], X[2];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) U[u] = g4x_merge(D[2 * u], D[2 * u + 1], 1);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 2);
+        X[0] = g4x_merge(T[0], T[1], 4);
+        X[1] = g4x_merge(T[2], T[3], 4);
+        /* X[h]: lanes 0-7 items 8h..8h+7 of block b, lanes 8-15 the same items of block b+1 */
+        const __m512i F0 = _mm512_shuffle_i64x2(X[0], X[1], 0x44), F1 = _mm512_shuffle_i64x2(X[0], X[1], 0xEE);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            if (b + h >= cnt) break;
+            __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dwr[b + h]));
+            if (R > 1) dw = _mm512_permutexvar_ps(rowidx, dw);
+            else dw = _mm512_permutexvar_ps(_mm512_setzero_si512(), dw);
+            const __m512 dd = _mm512_mul_ps(dw, _mm512_load_ps(dxi + (size_t)(g + b + h) * 16));
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(h ? F1 : F0), dd));
+        }
+    }
+    *accp = acc;
+}
+
 G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
                   int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
     const int64_t nb = k / 32;
-    int KC = (QBUF / (NT * 36)) & ~15;
+    int KC = (QBUF / (NT * 32 + 64)) & ~15;
     if (KC > nb) KC = (int)nb;
     const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
     _Alignas(64) uint8_t xu[QBUF];
     _Alignas(64) float dxp[QBUF / 32];
+    if (NT == 1) {
+        for (int64_t c0 = 0; c0 < nb; c0 += KC) {
+            const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
+            const int kcp = (kc + 15) & ~15;
+            q_prepare(x, xrb, NT, c0, kc, kcp, xu, dxp);
+            for (int64_t r = r0; r < r1; r++) {
+                float acc[1];
+                acc[0] = c0 > 0 ? y[r] : 0.0f;
+                q_row(1, QT, w + (size_t)r * wrb + (size_t)c0 * BB, xu, dxp, kc, kcp, acc);
+                y[r] = acc[0];
+            }
+        }
+        return;
+    }
+    const int R = 16 / NT, NI = R * NT;
+    const int TG = G4X_QTG; /* row groups per tile (more rows share the activations in L1, but more memory streams) */
+    int rowof[16];
+    for (int i = 0; i < 16; i++) rowof[i] = (i < NI ? i : 0) / NT;
+    const __m512i rowidx = _mm512_loadu_si512(rowof);
     for (int64_t c0 = 0; c0 < nb; c0 += KC) {
         const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
         const int kcp = (kc + 15) & ~15;
         q_prepare(x, xrb, NT, c0, kc, kcp, xu, dxp);
-        for (int64_t r = r0; r < r1; r++) {
-            float acc[16];
-            for (int t = 0; t < NT; t++) acc[t] = c0 > 0 ? y[t * ldy + r] : 0.0f;
-            q_row(NT, QT, w + (size_t)r * wrb + (size_t)c0 * BB, xu, dxp, kc, kcp, acc);
-            for (int t = 0; t < NT; t++) y[t * ldy + r] = acc[t];
+        /* dx per item lane, block-major: reuse the tail of dxp's storage is not possible; build in place */
+        float *dxi = (float *)(xu + (size_t)NT * kcp * 32); /* fits: NT*kcp*32 + kcp*64 <= QBUF checked below */
+        for (int b = 0; b < kcp; b++)
+            for (int i = 0; i < 16; i++)
+                dxi[b * 16 + i] = i < NI ? dxp[(size_t)(i % NT) * kcp + (b & ~15) + q_lane_of_block(b & 15)] : 0.0f;
+        for (int64_t rt = r0; rt < r1; rt += (int64_t)TG * R) {
+            const uint8_t *wrow[16][16];
+            int nrs[16];
+            __m512 acc[16];
+            int ng = 0;
+            for (int gi = 0; gi < TG; gi++) {
+                const int64_t r = rt + (int64_t)gi * R;
+                if (r >= r1) break;
+                const int nr = (int)(r1 - r < R ? r1 - r : R);
+                nrs[gi] = nr;
+                for (int i = 0; i < R; i++) wrow[gi][i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * BB;
+                _Alignas(64) float a[16];
+                for (int i = 0; i < 16; i++) a[i] = (c0 > 0 && i < NI && i / NT < nr) ? y[(i % NT) * ldy + r + i / NT] : 0.0f;
+                acc[gi] = _mm512_load_ps(a);
+                ng++;
+            }
+            for (int g = 0; g < kc; g += 16) {
+                const int cnt = kc - g < 16 ? kc - g : 16;
+                for (int gi = 0; gi < ng; gi++) q_group16(NT, QT, wrow[gi], xu, dxi, kcp, g, cnt, &acc[gi], rowidx);
+            }
+            for (int gi = 0; gi < ng; gi++) {
+                const int64_t r = rt + (int64_t)gi * R;
+                _Alignas(64) float a[16];
+                _mm512_store_ps(a, acc[gi]);
+                for (int i = 0; i < NI; i++)
+                    if (i / NT < nrs[gi]) y[(i % NT) * ldy + r + i / NT] = a[i];
+            }
         }
     }
 }

@@ -9,6 +9,7 @@ anything gguf-py can read (F32, F16, BF16, Q8_0, Q4_K, Q5_0, Q6_K, ...) works.
     m = Model("tiny.gguf")
     logits, hidden = m.forward([2, 17, 99])     # (n, V), (n, D) post-final-norm
     tokens = m.greedy([2, 17, 99], 8)           # 8 new tokens
+    Assistant("drafter.gguf").step(m, kv, tok, h, P)   # one MTP draft step (spec 4.3), see Assistant
 
 Shapes below: n = tokens, D = embedding_length, V = vocab, Hq/Hkv heads, hd head dim of the layer.
 """
@@ -94,7 +95,8 @@ def attention(q, k, v, scale: float, window: int, softcap: float | None = None,
 
 
 class Model:
-    """A Gemma 4 (`gemma4`) or Gemma 3 (`gemma3`) GGUF, ready for `forward`."""
+    """A Gemma 4 (`gemma4`) or Gemma 3 (`gemma3`) GGUF, ready for `forward` (`gemma4-assistant`
+    files load through the Assistant subclass)."""
 
     def __init__(self, path, dtype=np.float64):
         self.path = str(path)

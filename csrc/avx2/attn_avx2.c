@@ -1,0 +1,275 @@
+/* attn_avx2.c: flash attention with AVX2 + FMA + F16C (no AVX-512). Same algorithm and block
+ * boundaries as csrc/ref/attn_ref.c (read its header comment); differences from the reference
+ * are only in float rounding: FMA in the dot products and the V accumulation, the dot product
+ * summed in one 8-lane accumulator over the 8-element chunks folded at the end, and a
+ * polynomial exp (exp_ps below) instead of libm's expf.
+ *
+ * Loop nest (each (row, head) sees the same operation sequence whatever the nest around it):
+ *   rows in tiles of G4_ATTN_ROW_TILE, kv heads, query heads of that kv head in tiles of
+ *   G4_ATTN_HEAD_TILE, then blocks of slots, then the rows of the tile. A block's K/V rows are
+ *   read once per head tile (scores: all tile heads against one K row; V: two heads per pass). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "../g4_attn.h"
+#include "../g4_blocks.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* exp for x <= 88.37 (the scores here are always <= 0 after the max shift): Cephes expf
+ * (n = floor(x log2 e + 1/2), r = x - n ln2 in two parts, degree-5 minimax polynomial, 2^n by
+ * exponent bits). Max error measured over every float in [-87.3, 0]: see tests/test_flash_attn.py
+ * (EXP_ULP). x < -87.3 (results below FLT_MIN) gives 0. */
+AI __m256 exp_ps(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, lo);
+    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+    fx = _mm256_floor_ps(fx);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, z, x);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    const __m256i n = _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127));
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
+    return _mm256_andnot_ps(under, y);
+}
+
+AI float exp1(float x) { return _mm256_cvtss_f32(exp_ps(_mm256_set1_ps(x))); }
+
+AI float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 32 values of block b of a head row, exact (d * q fits in float32). */
+AI void load32(const int type, const uint8_t *row, int64_t b, __m256 v[4]) {
+    if (type == G4_KV_F32) {
+        const float *p = (const float *)row + 32 * b;
+        for (int c = 0; c < 4; c++) v[c] = _mm256_loadu_ps(p + 8 * c);
+    } else if (type == G4_KV_F16) {
+        const g4_half *p = (const g4_half *)row + 32 * b;
+        for (int c = 0; c < 4; c++) v[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8 * c)));
+    } else if (type == G4_KV_Q8_0) {
+        const block_q8_0 *blk = (const block_q8_0 *)row + b;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(blk->d));
+        const __m128i q0 = _mm_loadu_si128((const __m128i *)blk->qs);
+        const __m128i q1 = _mm_loadu_si128((const __m128i *)(blk->qs + 16));
+        v[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0)));
+        v[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8))));
+        v[2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1)));
+        v[3] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8))));
+    } else { /* q4_0: low nibbles = elements 0..15, high nibbles = 16..31 */
+        const block_q4_0 *blk = (const block_q4_0 *)row + b;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(blk->d));
+        const __m128i raw = _mm_loadu_si128((const __m128i *)blk->qs);
+        const __m128i m4 = _mm_set1_epi8(0xF), e8 = _mm_set1_epi8(8);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m4), e8);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), e8);
+        v[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+        v[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+        v[2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+        v[3] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+    }
+}
+
+/* 8 values (chunk e of 4) of block b of a head row, exact; same values as load32. */
+AI __m256 load8(const int type, const uint8_t *row, int64_t b, int e) {
+    if (type == G4_KV_F32) return _mm256_loadu_ps((const float *)row + 32 * b + 8 * e);
+    if (type == G4_KV_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const g4_half *)row + 32 * b + 8 * e)));
+    if (type == G4_KV_Q8_0) {
+        const block_q8_0 *blk = (const block_q8_0 *)row + b;
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(blk->qs + 8 * e));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(blk->d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
+    const block_q4_0 *blk = (const block_q4_0 *)row + b; /* q4_0: elements 8e.. from nibbles */
+    const __m128i raw = _mm_loadl_epi64((const __m128i *)(blk->qs + 8 * (e & 1)));
+    const __m128i nib = (e < 2) ? _mm_and_si128(raw, _mm_set1_epi8(0xF))
+                                : _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0xF));
+    const __m128i q = _mm_sub_epi8(nib, _mm_set1_epi8(8));
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(blk->d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+}
+
+/* Per-(row, head-tile) running state. */
+typedef struct {
+    float m[G4_ATTN_HEAD_TILE], l[G4_ATTN_HEAD_TILE];
+} row_state;
+
+typedef struct {
+    const g4_attn_args *a;
+    const uint8_t *K, *V;
+    size_t koff, voff;
+    int64_t nb;
+} tile_ctx;
+
+/* One (row, block) step for NT heads: scores, online-softmax update, V accumulation into o. */
+AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, const float *const *q, float *const *o,
+                   row_state *st, const int64_t *idx, int nv) {
+    const g4_attn_args *a = c->a;
+    const int64_t nb = c->nb;
+    float p[G4_ATTN_HEAD_TILE][G4_ATTN_BLOCK + 8] __attribute__((aligned(32)));
+    float alpha[G4_ATTN_HEAD_TILE];
+    /* scores: every head of the tile against two K rows at a time (one when a single visible slot
+     * is left); per (head, slot) one accumulator over the 8-element chunks in order (8 independent
+     * chains for 4 heads x 2 rows), the same sequence on both paths */
+    int j = 0;
+    for (; j + 1 < nv; j += 2) {
+        const uint8_t *kr0 = c->K + (size_t)idx[j] * a->k_slot_bytes + c->koff;
+        const uint8_t *kr1 = c->K + (size_t)idx[j + 1] * a->k_slot_bytes + c->koff;
+        __m256 acc[G4_ATTN_HEAD_TILE][2];
+        for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++)
+            for (int e = 0; e < 4; e++) {
+                const __m256 k0 = load8(kt, kr0, b, e), k1 = load8(kt, kr1, b, e);
+                for (int t = 0; t < NT; t++) {
+                    const __m256 qv = _mm256_loadu_ps(q[t] + 32 * b + 8 * e);
+                    acc[t][0] = _mm256_fmadd_ps(qv, k0, acc[t][0]);
+                    acc[t][1] = _mm256_fmadd_ps(qv, k1, acc[t][1]);
+                }
+            }
+        for (int t = 0; t < NT; t++)
+            for (int e = 0; e < 2; e++) {
+                float s = hsum(acc[t][e]) * a->scale;
+                if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
+                p[t][j + e] = s;
+            }
+    }
+    if (j < nv) {
+        const uint8_t *kr = c->K + (size_t)idx[j] * a->k_slot_bytes + c->koff;
+        __m256 acc[G4_ATTN_HEAD_TILE];
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++)
+            for (int e = 0; e < 4; e++) {
+                const __m256 k0 = load8(kt, kr, b, e);
+                for (int t = 0; t < NT; t++)
+                    acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(q[t] + 32 * b + 8 * e), k0, acc[t]);
+            }
+        for (int t = 0; t < NT; t++) {
+            float s = hsum(acc[t]) * a->scale;
+            if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
+            p[t][j] = s;
+        }
+    }
+    /* online softmax update per head */
+    for (int t = 0; t < NT; t++) {
+        float mb = -INFINITY;
+        for (int j = 0; j < nv; j++) mb = p[t][j] > mb ? p[t][j] : mb;
+        const float mo = st->m[t], mn = mo > mb ? mo : mb;
+        alpha[t] = mo == -INFINITY ? 0.0f : exp1(mo - mn);
+        const __m256 vm = _mm256_set1_ps(mn);
+        for (int j = 0; j < nv; j += 8)
+            _mm256_store_ps(&p[t][j], exp_ps(_mm256_sub_ps(_mm256_load_ps(&p[t][j]), vm)));
+        float sum = 0.0f;
+        for (int j = 0; j < nv; j++) sum += p[t][j];
+        st->l[t] = st->l[t] * alpha[t] + sum;
+        st->m[t] = mn;
+    }
+    /* V: o = o * alpha, then o += p_j v_j in slot order; two heads per pass (8 accumulators) */
+    for (int t0 = 0; t0 < NT; t0 += 2) {
+        const int np = NT - t0 >= 2 ? 2 : 1;
+        for (int64_t b = 0; b < nb; b++) {
+            __m256 acc[2][4];
+            for (int t = 0; t < np; t++) {
+                const __m256 al = _mm256_set1_ps(alpha[t0 + t]);
+                for (int e = 0; e < 4; e++) acc[t][e] = _mm256_mul_ps(_mm256_loadu_ps(o[t0 + t] + 32 * b + 8 * e), al);
+            }
+            for (int j = 0; j < nv; j++) {
+                __m256 v[4];
+                load32(vt, c->V + (size_t)idx[j] * a->v_slot_bytes + c->voff, b, v);
+                for (int t = 0; t < np; t++) {
+                    const __m256 pj = _mm256_set1_ps(p[t0 + t][j]);
+                    for (int e = 0; e < 4; e++) acc[t][e] = _mm256_fmadd_ps(pj, v[e], acc[t][e]);
+                }
+            }
+            for (int t = 0; t < np; t++)
+                for (int e = 0; e < 4; e++) _mm256_storeu_ps(o[t0 + t] + 32 * b + 8 * e, acc[t][e]);
+        }
+    }
+}
+
+#define NT_CASES(KT, VT)                                                                 \
+    switch (nt) {                                                                        \
+    case 1: block_step(KT, VT, 1, c, q, o, st, idx, nv); break;                          \
+    case 2: block_step(KT, VT, 2, c, q, o, st, idx, nv); break;                          \
+    case 3: block_step(KT, VT, 3, c, q, o, st, idx, nv); break;                          \
+    default: block_step(KT, VT, 4, c, q, o, st, idx, nv); break;                         \
+    }
+#define VT_CASES(KT)                                                                     \
+    switch (vt) {                                                                        \
+    case G4_KV_F32: NT_CASES(KT, G4_KV_F32) break;                                       \
+    case G4_KV_F16: NT_CASES(KT, G4_KV_F16) break;                                       \
+    case G4_KV_Q8_0: NT_CASES(KT, G4_KV_Q8_0) break;                                     \
+    default: NT_CASES(KT, G4_KV_Q4_0) break;                                             \
+    }
+
+/* One (row, block) step, specialised for the K type, V type and head-tile size. */
+static void step(int kt, int vt, int nt, const tile_ctx *c, const float *const *q, float *const *o,
+                 row_state *st, const int64_t *idx, int nv) {
+    switch (kt) {
+    case G4_KV_F32: VT_CASES(G4_KV_F32) break;
+    case G4_KV_F16: VT_CASES(G4_KV_F16) break;
+    case G4_KV_Q8_0: VT_CASES(G4_KV_Q8_0) break;
+    default: VT_CASES(G4_KV_Q4_0) break;
+    }
+}
+
+static void flash_attn_avx2(const g4_attn_args *a, int64_t i0, int64_t i1, int h0, int h1) {
+    const int hd = a->hd, G = a->n_head / a->n_head_kv;
+    const size_t hbk = g4_kv_head_bytes(a->k_type, hd), hbv = g4_kv_head_bytes(a->v_type, hd);
+    for (int64_t r0 = i0; r0 < i1; r0 += G4_ATTN_ROW_TILE) {
+        const int nr = (int)(i1 - r0 < G4_ATTN_ROW_TILE ? i1 - r0 : G4_ATTN_ROW_TILE);
+        for (int g = h0 / G; g * G < h1; g++) {
+            const int hs = g * G > h0 ? g * G : h0, he = (g + 1) * G < h1 ? (g + 1) * G : h1;
+            const tile_ctx c = {a, (const uint8_t *)a->k, (const uint8_t *)a->v, (size_t)g * hbk, (size_t)g * hbv,
+                               hd / 32};
+            for (int t0 = hs; t0 < he; t0 += G4_ATTN_HEAD_TILE) {
+                const int nt = he - t0 < G4_ATTN_HEAD_TILE ? he - t0 : G4_ATTN_HEAD_TILE;
+                row_state st[G4_ATTN_ROW_TILE];
+                const float *q[G4_ATTN_ROW_TILE][G4_ATTN_HEAD_TILE];
+                float *o[G4_ATTN_ROW_TILE][G4_ATTN_HEAD_TILE];
+                for (int r = 0; r < nr; r++)
+                    for (int t = 0; t < nt; t++) {
+                        st[r].m[t] = -INFINITY;
+                        st[r].l[t] = 0.0f;
+                        q[r][t] = a->q + (r0 + r) * a->q_stride + (int64_t)(t0 + t) * hd;
+                        o[r][t] = a->out + (r0 + r) * a->out_stride + (int64_t)(t0 + t) * hd;
+                        memset(o[r][t], 0, (size_t)hd * sizeof(float));
+                    }
+                for (int64_t s0 = 0; s0 < a->n_slots; s0 += G4_ATTN_BLOCK) {
+                    const int64_t s1 = s0 + G4_ATTN_BLOCK < a->n_slots ? s0 + G4_ATTN_BLOCK : a->n_slots;
+                    for (int r = 0; r < nr; r++) {
+                        const int32_t qp = a->q_pos[r0 + r];
+                        int64_t idx[G4_ATTN_BLOCK];
+                        int nv = 0;
+                        for (int64_t s = s0; s < s1; s++) {
+                            const int32_t kp = a->kv_pos[s];
+                            if (kp >= 0 && kp <= qp && (a->window == 0 || (int64_t)qp - kp < (int64_t)a->window))
+                                idx[nv++] = s;
+                        }
+                        if (nv) step(a->k_type, a->v_type, nt, &c, q[r], o[r], &st[r], idx, nv);
+                    }
+                }
+                for (int r = 0; r < nr; r++)
+                    for (int t = 0; t < nt; t++) {
+                        if (!(st[r].l[t] > 0.0f)) continue;
+                        const __m256 l = _mm256_set1_ps(st[r].l[t]);
+                        for (int d = 0; d < hd; d += 8)
+                            _mm256_storeu_ps(o[r][t] + d, _mm256_div_ps(_mm256_loadu_ps(o[r][t] + d), l));
+                    }
+            }
+        }
+    }
+}
+
+const g4_attn_kernels g4_attn_avx2 = {.isa = "avx2", .flash_attn = flash_attn_avx2};
