@@ -15,7 +15,8 @@ slots may be in any order.
 
 Rollback limit, exactly: after truncate(n) the next query (position n) needs positions
 [n - window + 1, n) of every sliding layer. A ring has lost every position below `lost` (the
-highest end - n_slots any append reached), so truncate(n) is allowed iff lost <= max(0, n - window + 1);
+highest end - n_slots any append reached), so truncate(n) is allowed iff n == 0 (a reset) or
+lost <= max(0, n - window + 1);
 with the sizing above that always holds for n >= len - max_draft - 1 (a verify batch of
 k <= max_draft drafts: keep P + n_accepted + 1 of P + k + 1).
 """
@@ -168,7 +169,7 @@ class KVCache:
         if not 0 <= n <= self.n:
             raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
         for il, s in enumerate(self.specs):
-            if s.window and self._lost[il] > max(0, n - s.window + 1):
+            if s.window and n > 0 and self._lost[il] > max(0, n - s.window + 1):
                 raise ValueError(
                     f"cannot roll layer {il} back to {n} positions: its ring of {self.n_slots[il]} slots "
                     f"(window {s.window} + {self.n_slots[il] - s.window} spare) no longer holds positions "
@@ -178,6 +179,7 @@ class KVCache:
             p = self.pos[il]
             p[p >= n] = -1
             self._len[il] = n
+            self._lost[il] = min(self._lost[il], n)  # truncate(0) after a wrap is a reset
 
     def reset(self):
         for il in range(len(self.specs)):

@@ -1,8 +1,11 @@
 """Gemma 3 / Gemma 4 (dense) forward pass over the C kernels (spec section 2).
 
 Matrix products go through one pool call each (gemma4cpu.kernels.matmul); the small per-token
-vector work (norms, RoPE, activations) is numpy on preallocated-size arrays. Attention is a
-numpy reference over the cache for now; the C flash-attention kernel replaces it.
+vector work (norms, RoPE, activations) is numpy. Attention is one C flash-attention call per layer
+over the KV cache (gemma4cpu.kv_cache: f16 by default, f32/q8_0/q4_0 as options, sliding layers
+in a ring that allows rolling back rejected drafts). A call with more tokens than `max_batch` runs
+through the whole network in chunks of `max_batch` (prefill); every kernel is batch-invariant, so
+the chunking never changes a result.
 
 Shapes: n = tokens in this call, D = n_embd, hd = head dim of the layer, Hq / Hkv heads.
 """
@@ -16,6 +19,7 @@ import numpy as np
 from gemma4cpu import kernels as K
 from gemma4cpu.config import ModelConfig
 from gemma4cpu.gguf_io import GGUFFile
+from gemma4cpu.kv_cache import KVCache
 from gemma4cpu.weights import Mat, load_weights
 
 
@@ -51,30 +55,12 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
 
 
-class KVCache:
-    """Per producing layer, K and V rows by absolute position (float32, n_ctx positions)."""
-
-    def __init__(self, cfg: ModelConfig, n_ctx: int):
-        self.n_ctx = n_ctx
-        self.k = {}
-        self.v = {}
-        for il in range(cfg.n_layer_kv):
-            shape = (n_ctx, cfg.n_head_kv[il], cfg.head_dim[il])
-            self.k[il] = np.zeros(shape, np.float32)
-            self.v[il] = np.zeros(shape, np.float32)
-        self.n = 0  # positions [0, n) are valid
-
-    def truncate(self, n: int):
-        if not 0 <= n <= self.n:
-            raise ValueError(f"cannot truncate a cache of {self.n} positions to {n}")
-        self.n = n
-
-
 class Model:
     """A loaded target model: `forward(tokens)` appends them to the cache and returns logits."""
 
     def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, threads: int | None = None,
-                 cpus: list[int] | None = None):
+                 cpus: list[int] | None = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
+                 max_draft: int = 16, max_batch: int = 256):
         self.file = GGUFFile(path)
         self.cfg = ModelConfig.from_gguf(self.file)
         self.w = load_weights(self.file, self.cfg)
@@ -84,7 +70,11 @@ class Model:
         if threads is None:
             threads = len(cpus) if cpus else len(os.sched_getaffinity(0))
         self.pool = K.Pool(threads, cpus)
-        self.cache = KVCache(self.cfg, n_ctx)
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = int(max_batch)
+        self.cache = KVCache.from_config(self.cfg, n_ctx, max_draft=max_draft, max_batch=self.max_batch,
+                                         type_k=cache_type_k, type_v=cache_type_v)
 
     def _mm(self, m: Mat, x: np.ndarray) -> np.ndarray:
         return K.matmul(self.pool, m.type_id, m.rows, m.n_in, x)
@@ -129,36 +119,25 @@ class Model:
         return out
 
     def _attention(self, il: int, q: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """q (n, Hq, hd) at absolute positions pos -> (n, Hq*hd), over the cache of kv_source[il]."""
+        """q (n, Hq, hd) at absolute positions pos -> (n, Hq*hd): one C call over the cache of
+        kv_source[il], masked causally and, on sliding layers, to the window of the reading layer.
+        Each query row is computed on its own (batch-invariant), as speculative decoding needs."""
         cfg = self.cfg
-        src = cfg.kv_source[il]
-        n_kv = int(pos[-1]) + 1
-        K_ = self.cache.k[src][:n_kv]            # (n_kv, Hkv, hd)
-        V_ = self.cache.v[src][:n_kv]
-        g = cfg.n_head // cfg.n_head_kv[src]
-        kpos = np.arange(n_kv)
-        mask = kpos[None, :] <= pos[:, None]      # (n, n_kv) causal
-        if cfg.is_swa[il]:
-            mask &= (pos[:, None] - kpos[None, :]) < cfg.sliding_window
-        out = np.empty(q.shape, np.float32)
-        # one query row at a time (matrix-vector products): a row's result must not depend on
-        # how many rows share the call, or greedy speculative decoding would drift from plain
-        # decoding (quantised activations turn last-bit differences into whole quantisation steps)
-        for i in range(q.shape[0]):
-            vis = np.flatnonzero(mask[i])
-            for h in range(cfg.n_head):
-                kh = np.ascontiguousarray(K_[vis, h // g, :])
-                s = (kh @ q[i, h]) * np.float32(cfg.attn_scale)         # (n_vis,)
-                s = np.exp(s - s.max())
-                s /= s.sum()
-                out[i, h] = s @ V_[vis, h // g, :]
-        return out.reshape(q.shape[0], -1)
+        window = cfg.sliding_window if cfg.is_swa[il] else 0
+        return self.cache.attention(self.pool, il, q.reshape(q.shape[0], -1), pos.astype(np.int32),
+                                    cfg.n_head, scale=cfg.attn_scale, window=window)
 
     def forward(self, tokens, logits_for: str = "last") -> tuple[np.ndarray, np.ndarray]:
         """Append `tokens` at positions cache.n .. cache.n + n - 1. Returns (logits, hidden):
-        logits (m, V) for the last row ('last') or every row ('all'); hidden (n, D) post-final-norm."""
-        cfg, w = self.cfg, self.w
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        logits (m, V) for the last row ('last') or every row ('all'); hidden (n, D) post-final-norm.
+        If the call fails or is interrupted part-way, the cache is rolled back to where it was."""
+        cfg = self.cfg
+        if logits_for not in ("last", "all"):
+            raise ValueError(f"logits_for must be 'last' or 'all', got {logits_for!r}")
+        tokens = np.asarray(tokens).reshape(-1)
+        if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"token ids must be integers, got dtype {tokens.dtype}")
+        tokens = tokens.astype(np.int64)
         n = tokens.size
         if n == 0:
             raise ValueError("forward needs at least one token")
@@ -167,6 +146,26 @@ class Model:
         p0 = self.cache.n
         if p0 + n > self.n_ctx:
             raise ValueError(f"context full: {p0} + {n} tokens > n_ctx={self.n_ctx}")
+        hidden = np.empty((n, cfg.n_embd), np.float32)
+        try:
+            for c0 in range(0, n, self.max_batch):
+                c1 = min(n, c0 + self.max_batch)
+                hidden[c0:c1] = self._forward_chunk(tokens[c0:c1], p0 + c0)
+        except BaseException:
+            self.cache.truncate(min(p0, self.cache.n))
+            raise
+        rows = hidden[-1:] if logits_for == "last" else hidden
+        logits = self._mm(self.w.output, rows)                        # (m, V)
+        if cfg.final_softcap:
+            c = np.float32(cfg.final_softcap)
+            logits = np.tanh(logits / c) * c
+        return logits, hidden
+
+    def _forward_chunk(self, tokens: np.ndarray, p0: int) -> np.ndarray:
+        """Run n <= max_batch tokens at positions p0.. through every layer; returns the
+        post-final-norm hidden states (n, D)."""
+        cfg, w = self.cfg, self.w
+        n = tokens.size
         pos = np.arange(p0, p0 + n)
         x = self.embed(tokens)                                        # (n, D)
         ple = self._per_layer_inputs(tokens, x) if cfg.n_embd_per_layer else None  # (n, L, Dp)
@@ -182,8 +181,7 @@ class Model:
                 vraw = self._mm(lw.attn_v, a).reshape(n, hkv, hd) if lw.attn_v is not None else kraw
                 k = apply_rope(rmsnorm(kraw, lw.attn_k_norm, cfg.eps), cos, sin)
                 v = rmsnorm(vraw, None, cfg.eps) if cfg.v_norm else vraw
-                self.cache.k[il][p0:p0 + n] = k
-                self.cache.v[il][p0:p0 + n] = v
+                self.cache.append(il, k, v)
             o = self._attention(il, q, pos)
             x = x + rmsnorm(self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps)
             f = rmsnorm(x, lw.ffn_norm, cfg.eps)
@@ -197,11 +195,4 @@ class Model:
                 x = x + rmsnorm(self._mm(lw.ple.proj, g), lw.ple.post_norm, cfg.eps)
             if lw.layer_output_scale != 1.0:
                 x = x * np.float32(lw.layer_output_scale)
-        self.cache.n = p0 + n
-        hidden = rmsnorm(x, w.output_norm, cfg.eps)                  # (n, D)
-        rows = hidden[-1:] if logits_for == "last" else hidden
-        logits = self._mm(w.output, rows)                             # (m, V)
-        if cfg.final_softcap:
-            c = np.float32(cfg.final_softcap)
-            logits = np.tanh(logits / c) * c
-        return logits, hidden
+        return rmsnorm(x, w.output_norm, cfg.eps)                     # (n, D)

@@ -153,6 +153,12 @@ def test_rollback_limit(rng):
     assert c.n == 27 and sorted(c.pos[0][c.pos[0] >= 0]) == list(range(20, 27))
     with pytest.raises(ValueError, match="no longer holds positions"):
         c.truncate(26)
+    # truncate(0) after a wrap is a reset: nothing of the past is needed, and the ring refills
+    c.truncate(0)
+    assert c.n == 0 and np.all(c.pos[0] == -1)
+    for _ in range(12):
+        c.append(0, *rows(rng, 1))
+    assert sorted(c.pos[0][c.pos[0] >= 0]) == list(range(2, 12))
     # before the first wrap, any rollback is fine
     c = KVCache([LayerSpec(HKV, HD, W)], n_ctx=100, max_draft=md)
     for _ in range(9):

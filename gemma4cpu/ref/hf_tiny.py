@@ -5,7 +5,7 @@ been randomised away from their initial value (1, or 0 for Gemma 3's `1 + w` nor
 scale applied in the wrong place then changes the logits instead of hiding behind an identity.
 `save(model, path)` writes config.json + model.safetensors (the input of gemma4cpu.convert).
 
-Variants (all vocab 512, hidden 64, sliding window 8 so a 20-token prompt crosses it):
+Variants (all vocab 512, hidden 64, head_dim 32 (full 64: the C attention needs multiples of 32), sliding window 8 so a 20-token prompt crosses it):
   dense   Gemma 4, 7 layers [s s s s s F F], K=V on full layers, 1 global kv head, full head_dim 2x,
           proportional partial RoPE (factor 0.25), final softcap 30
   moe     Gemma 4, 6 layers [s s s s s F], router + 8 experts top-2 + always-on dense MLP, K=V
@@ -39,8 +39,8 @@ def _common_gemma4(**kw):
         "intermediate_size": 128,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "head_dim": 16,
-        "global_head_dim": 32,
+        "head_dim": 32,
+        "global_head_dim": 64,
         "sliding_window": 8,
         "max_position_embeddings": 256,
         "final_logit_softcapping": 30.0,
@@ -63,6 +63,12 @@ def _randomise(model, seed: int, gemma3: bool = False) -> None:
             if "norm" in name and name.endswith("weight"):
                 if gemma3:  # stored as w, used as (1 + w)
                     p.copy_(0.3 * torch.randn(p.shape, generator=g))
+                elif "q_norm" in name or "k_norm" in name:
+                    # Gemma 4 scores are q.k with unit-RMS q and k (attention scale 1): weights
+                    # near 1 give scores up to ~head_dim = 32 and a near-one-hot softmax, which
+                    # makes the model chaotic (a 0.4% weight perturbation flips top-1 at a third
+                    # of positions); ~0.4 keeps scores at a few units, as trained models have
+                    p.copy_(torch.empty(p.shape).uniform_(0.25, 0.55, generator=g))
                 else:  # used as w
                     p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=g))
             elif name.endswith("layer_scalar"):
@@ -127,7 +133,7 @@ def gemma4_e(seed: int = 0):
 
 
 def gemma3(seed: int = 0):
-    """Gemma 3 text, 7 layers (full at 5), GQA 4/2, head_dim 16."""
+    """Gemma 3 text, 7 layers (full at 5), GQA 4/2, head_dim 32."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
@@ -138,8 +144,8 @@ def gemma3(seed: int = 0):
         num_hidden_layers=7,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
-        query_pre_attn_scalar=16,
+        head_dim=32,
+        query_pre_attn_scalar=32,
         sliding_window=8,
         max_position_embeddings=256,
         initializer_range=INIT,
