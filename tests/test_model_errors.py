@@ -1,0 +1,99 @@
+"""Bad model files are refused by Model() with an error that names what is wrong.
+
+A valid tiny Gemma 4 file (gemma4cpu.convert of a tiny random HF model) is rewritten with one
+defect each: a tensor missing, a tensor of the wrong shape, a foreign architecture, a required key
+missing, the file cut short. Every one must raise GGUFFormatError naming the tensor or key (never
+an IndexError, a crash or a model that runs on garbage)."""
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from gemma4cpu.convert import convert  # noqa: E402
+from gemma4cpu.gguf_io import GGUFFormatError  # noqa: E402
+from gemma4cpu.model import Model  # noqa: E402
+from gemma4cpu.ref import hf_tiny  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    hf_tiny.build("dense", d / "hf", seed=0)
+    return convert(d / "hf", d / "good.gguf", "q8_0", quiet=True)
+
+
+def rewrite(src, dst, drop_tensor=None, reshape=None, arch=None, drop_key=None):
+    """Copy a GGUF file key by key and tensor by tensor with one defect."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), arch or r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name == drop_key:
+            continue
+        sub = f.types[1] if len(f.types) > 1 else None
+        w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+    for t in r.tensors:
+        if t.name == drop_tensor:
+            continue
+        data = np.asarray(t.data)  # quantised: (rows, row bytes) uint8; float: (rows, cols)
+        if t.name == reshape:
+            data = data[:-1]  # one row fewer
+        w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_the_good_file_loads(good, tmp_path):
+    copy = rewrite(good, tmp_path / "copy.gguf")  # the rewriter itself changes nothing
+    a = Model(good, n_ctx=8, threads=1).forward([1, 2, 3])[0]
+    b = Model(copy, n_ctx=8, threads=1).forward([1, 2, 3])[0]
+    np.testing.assert_array_equal(a, b)
+
+
+def test_missing_tensor(good, tmp_path):
+    p = rewrite(good, tmp_path / "m.gguf", drop_tensor="blk.3.ffn_up.weight")
+    with pytest.raises(GGUFFormatError, match=r"blk\.3\.ffn_up\.weight"):
+        Model(p, n_ctx=8, threads=1)
+
+
+def test_wrong_shape(good, tmp_path):
+    p = rewrite(good, tmp_path / "s.gguf", reshape="blk.1.attn_q.weight")
+    with pytest.raises(GGUFFormatError, match=r"blk\.1\.attn_q\.weight.*shape"):
+        Model(p, n_ctx=8, threads=1)
+
+
+def test_wrong_architecture(good, tmp_path):
+    p = rewrite(good, tmp_path / "a.gguf", arch="llama")
+    with pytest.raises(GGUFFormatError, match="llama"):
+        Model(p, n_ctx=8, threads=1)
+
+
+def test_missing_key(good, tmp_path):
+    p = rewrite(good, tmp_path / "k.gguf", drop_key="gemma4.embedding_length")
+    with pytest.raises(GGUFFormatError, match=r"gemma4\.embedding_length"):
+        Model(p, n_ctx=8, threads=1)
+
+
+def test_truncated_file(good, tmp_path):
+    data = open(good, "rb").read()
+    p = tmp_path / "t.gguf"
+    p.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(GGUFFormatError):
+        Model(p, n_ctx=8, threads=1)
+
+
+def test_bad_arguments(good):
+    with pytest.raises(ValueError, match="cache type"):
+        Model(good, n_ctx=8, threads=1, cache_type_k="q5_9")
+    with pytest.raises(ValueError, match="n_ctx"):
+        Model(good, n_ctx=0, threads=1)
+    m = Model(good, n_ctx=8, threads=1)
+    with pytest.raises(ValueError, match="logits_for"):
+        m.forward([1], logits_for="first")
+    with pytest.raises(ValueError, match="integers"):
+        m.forward([1.5])
+    assert m.cache.n == 0  # nothing was appended by the refused calls
