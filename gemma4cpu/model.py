@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
+import time
 
 import numpy as np
 
 from gemma4cpu import kernels as K
 from gemma4cpu.config import ModelConfig
 from gemma4cpu.gguf_io import GGUFFile
-from gemma4cpu.kv_cache import KVCache
+from gemma4cpu.kv_cache import KVCache, kv_type_id
 from gemma4cpu.weights import Mat, load_weights
 
 
@@ -55,26 +58,72 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
 
 
+class _LoadProgress:
+    """Stage messages on stderr for a load that takes more than `after` seconds: silent for a quick
+    load, then the current stage once a second until done, and a closing summary."""
+
+    def __init__(self, path, enabled: bool, after: float = 1.0):
+        self.path, self.enabled, self.after = str(path), enabled, after
+        self.t0 = time.perf_counter()
+        self.stage = "opening"
+        self.shown = False
+        self._stop = threading.Event()
+        if enabled:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def _run(self):
+        if self._stop.wait(self.after):
+            return
+        while True:
+            self.shown = True
+            print(f"gemma4cpu: loading {self.path}: {self.stage} ({time.perf_counter() - self.t0:.1f} s)",
+                  file=sys.stderr, flush=True)
+            if self._stop.wait(1.0):
+                return
+
+    def done(self, summary: str | None):
+        self._stop.set()
+        if self.enabled:
+            self._thread.join()
+            if self.shown and summary:
+                print(f"gemma4cpu: loaded {self.path}: {summary} in {time.perf_counter() - self.t0:.1f} s",
+                      file=sys.stderr, flush=True)
+
+
 class Model:
     """A loaded target model: `forward(tokens)` appends them to the cache and returns logits."""
 
     def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, threads: int | None = None,
                  cpus: list[int] | None = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
-                 max_draft: int = 16, max_batch: int = 256):
-        self.file = GGUFFile(path)
-        self.cfg = ModelConfig.from_gguf(self.file)
-        self.w = load_weights(self.file, self.cfg)
+                 max_draft: int = 16, max_batch: int = 256, progress: bool = True):
+        """progress: print stage messages on stderr if loading takes more than a second."""
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-        self.n_ctx = n_ctx
-        if threads is None:
-            threads = len(cpus) if cpus else len(os.sched_getaffinity(0))
-        self.pool = K.Pool(threads, cpus)
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.max_batch = int(max_batch)
-        self.cache = KVCache.from_config(self.cfg, n_ctx, max_draft=max_draft, max_batch=self.max_batch,
-                                         type_k=cache_type_k, type_v=cache_type_v)
+        kv_type_id(cache_type_k), kv_type_id(cache_type_v)  # refuse an unknown cache type before loading
+        pr = _LoadProgress(path, progress)
+        summary = None
+        try:
+            self.file = GGUFFile(path)
+            pr.stage = "reading the configuration"
+            self.cfg = ModelConfig.from_gguf(self.file)
+            pr.stage = f"mapping the weights of {self.cfg.n_layer} layers"
+            self.w = load_weights(self.file, self.cfg)
+            self.n_ctx = n_ctx
+            if threads is None:
+                threads = len(cpus) if cpus else len(os.sched_getaffinity(0))
+            pr.stage = f"starting {threads} threads"
+            self.pool = K.Pool(threads, cpus)
+            self.max_batch = int(max_batch)
+            pr.stage = f"allocating the KV cache for {n_ctx} positions"
+            self.cache = KVCache.from_config(self.cfg, n_ctx, max_draft=max_draft, max_batch=self.max_batch,
+                                             type_k=cache_type_k, type_v=cache_type_v)
+            summary = (f"{self.cfg.arch}, {self.cfg.n_layer} layers, {self.w.n_bytes / 2**30:.2f} GiB weights, "
+                       f"KV cache {self.cache.nbytes / 2**20:.0f} MiB ({cache_type_k}/{cache_type_v})")
+        finally:
+            pr.done(summary)
 
     def _mm(self, m: Mat, x: np.ndarray) -> np.ndarray:
         return K.matmul(self.pool, m.type_id, m.rows, m.n_in, x)

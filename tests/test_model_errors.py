@@ -4,6 +4,8 @@ A valid tiny Gemma 4 file (gemma4cpu.convert of a tiny random HF model) is rewri
 defect each: a tensor missing, a tensor of the wrong shape, a foreign architecture, a required key
 missing, the file cut short. Every one must raise GGUFFormatError naming the tensor or key (never
 an IndexError, a crash or a model that runs on garbage)."""
+import time
+
 import numpy as np
 import pytest
 
@@ -97,3 +99,22 @@ def test_bad_arguments(good):
     with pytest.raises(ValueError, match="integers"):
         m.forward([1.5])
     assert m.cache.n == 0  # nothing was appended by the refused calls
+
+
+def test_load_progress(good, capsys, monkeypatch):
+    """A quick load prints nothing; one slower than the threshold reports its stage and a summary."""
+    from gemma4cpu import model as model_mod
+
+    Model(good, n_ctx=8, threads=1)
+    assert capsys.readouterr().err == ""
+    real = model_mod.load_weights
+
+    def slow(*a, **k):
+        time.sleep(0.3)
+        return real(*a, **k)
+
+    monkeypatch.setattr(model_mod, "load_weights", slow)
+    monkeypatch.setattr(model_mod._LoadProgress.__init__, "__defaults__", (0.05,))
+    Model(good, n_ctx=8, threads=1)
+    err = capsys.readouterr().err
+    assert "mapping the weights of 7 layers" in err and "loaded" in err and "KV cache" in err
