@@ -223,3 +223,4 @@ cdef class Pool:
         if rc != 0:
             raise ValueError(msg.decode())
 include "_attn.pxi"
+include "_ops.pxi"
