@@ -220,11 +220,15 @@ class Model:
         cfg, w = self.cfg, self.w
         n = tokens.size
         pos = np.arange(p0, p0 + n)
+        rope = {}
         x = self.embed(tokens)                                        # (n, D)
         ple = self._per_layer_inputs(tokens, x) if cfg.n_embd_per_layer else None  # (n, L, Dp)
         for il, lw in enumerate(w.layers):
             hd, hq = cfg.head_dim[il], cfg.n_head
-            cos, sin = rope_tables(pos, hd, cfg.rope_dim[il], cfg.rope_base[il], lw.rope_freq_factors)
+            key = (hd, cfg.rope_dim[il], cfg.rope_base[il], id(lw.rope_freq_factors))
+            if key not in rope:  # the layers share two or three distinct tables
+                rope[key] = rope_tables(pos, hd, cfg.rope_dim[il], cfg.rope_base[il], lw.rope_freq_factors)
+            cos, sin = rope[key]
             a = rmsnorm(x, lw.attn_norm, cfg.eps)
             q = self._mm(lw.attn_q, a).reshape(n, hq, hd)
             q = apply_rope(rmsnorm(q, lw.attn_q_norm, cfg.eps), cos, sin)
