@@ -118,3 +118,24 @@ def test_load_progress(good, capsys, monkeypatch):
     Model(good, n_ctx=8, threads=1)
     err = capsys.readouterr().err
     assert "mapping the weights of 7 layers" in err and "loaded" in err and "KV cache" in err
+
+
+def test_default_pool_is_pinned_to_allowed_cpus(good):
+    """Without a CPU list, workers are pinned one per allowed CPU (an unpinned spinning worker
+    beside the caller costs ~10x per small product); a later model still sees every allowed CPU
+    although the first pool pinned the calling thread."""
+    import os
+
+    from gemma4cpu import model as model_mod
+
+    allowed = model_mod._ALLOWED_CPUS
+    assert allowed == sorted(allowed) and set(allowed) <= set(range(os.cpu_count() or 1))
+    n = min(2, len(allowed))
+    for _ in range(2):
+        m = Model(good, n_ctx=8, threads=n)
+        m.forward([1])
+        assert [cpu for _, cpu, _ in m.pool.pin_plan()] == allowed[:n]
+    with pytest.raises(ValueError, match="one CPU per thread"):
+        Model(good, n_ctx=8, threads=2, cpus=[0])
+    with pytest.raises(ValueError, match="threads must be"):
+        Model(good, n_ctx=8, threads=0)
