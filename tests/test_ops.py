@@ -45,3 +45,28 @@ def test_rmsnorm_argument_errors():
         _kernels.rmsnorm_rows(x, np.ones(4, np.float32), 1e-6, np.empty_like(x))
     with pytest.raises(ValueError, match="out"):
         _kernels.rmsnorm_rows(x, None, 1e-6, np.empty((3, 8), np.float32))
+
+
+def test_gelu_mul_matches_float64():
+    """float32 evaluation of 0.5 g (1 + tanh(c (g + a g^3))) u: about 8 roundings of at most u
+    each, relative to their intermediates. Where g is very negative, 1 + tanh cancels and the
+    error becomes absolute in tanh's result (<= a few u), scaled by 0.5 |g u|. So
+    |y - y64| <= 16 u (|y64| + |g u|) covers both regimes with room for tanhf's 1-2 ulp."""
+    from gemma4cpu.model import gelu_mul
+    rng = np.random.default_rng(1)
+    g = (rng.standard_normal((9, 300)) * 4).astype(np.float32)
+    u = rng.standard_normal((9, 300)).astype(np.float32)
+    y = gelu_mul(g, u)
+    g64, u64 = g.astype(np.float64), u.astype(np.float64)
+    y64 = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3))) * u64
+    tol = 16 * U32 * (np.abs(y64) + np.abs(g64 * u64))
+    assert (np.abs(y - y64) <= tol).all()
+    # erf-GELU instead of the tanh form differs by up to ~1e-3 |g u|: far outside the bound
+    from math import erf
+    erf_v = np.vectorize(erf)
+    y_erf = 0.5 * g64 * (1 + erf_v(g64 / np.sqrt(2))) * u64
+    assert not (np.abs(y - y_erf) <= tol).all()
+    # strided halves of a fused gate-up product, and batch invariance
+    gu = np.concatenate([g, u], axis=1)
+    np.testing.assert_array_equal(gelu_mul(gu[:, :300], gu[:, 300:]), y)
+    np.testing.assert_array_equal(gelu_mul(g[3:4], u[3:4]), y[3:4])
