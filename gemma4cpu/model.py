@@ -1,7 +1,8 @@
 """Gemma 3 / Gemma 4 (dense) forward pass over the C kernels (spec section 2).
 
 Matrix products go through one pool call each (gemma4cpu.kernels.matmul); the small per-token
-vector work (norms, RoPE, activations) is numpy. Attention is one C flash-attention call per layer
+vector work is per-row Cython (RMSNorm, the gated GELU; gemma4cpu/_ops.pxi) and numpy (RoPE,
+residuals). Attention is one C flash-attention call per layer
 over the KV cache (gemma4cpu.kv_cache: f16 by default, f32/q8_0/q4_0 as options, sliding layers
 in a ring that allows rolling back rejected drafts). A call with more tokens than `max_batch` runs
 through the whole network in chunks of `max_batch` (prefill); every kernel is batch-invariant, so
@@ -229,7 +230,7 @@ class Model:
                 c1 = min(n, c0 + self.max_batch)
                 hidden[c0:c1] = self._forward_chunk(tokens[c0:c1], p0 + c0)
         except BaseException:
-            self.cache.truncate(min(p0, self.cache.n))
+            self.cache.truncate(p0)  # every layer holds at least p0 positions
             raise
         rows = hidden[-1:] if logits_for == "last" else hidden
         logits = self._mm(self.w.output, rows)                        # (m, V)

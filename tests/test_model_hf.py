@@ -38,6 +38,11 @@ def case(request, tmp_path_factory):
     return request.param, hf, f32, q8, tokens
 
 
+def _tol(ref64: np.ndarray, ref32: np.ndarray) -> float:
+    """Engine-vs-reference tolerance: see test_f32_logits_and_hidden_match_hf."""
+    return 8.0 * float(np.abs(ref32 - ref64).max()) + 16 * U32 * float(np.abs(ref64).max())
+
+
 def _hf(hf, tokens):
     with torch.no_grad():
         out = hf(tokens, output_hidden_states=True)
@@ -61,7 +66,7 @@ def test_f32_logits_and_hidden_match_hf(case):
     m = Model(f32, n_ctx=64, threads=2, cache_type_k="f32", cache_type_v="f32")
     lg, h = m.forward(ids, "all")
     for what, got, ref64, ref32, hfv in (("logits", lg, l64, l32, hf_l), ("hidden", h, h64, h32, hf_h)):
-        tol = 8.0 * float(np.abs(ref32 - ref64).max()) + 16 * U32 * float(np.abs(ref64).max())
+        tol = _tol(ref64, ref32)
         e_ref = float(np.abs(got - ref64).max())
         e_hf = float(np.abs(got - hfv).max())
         print(f"{name} {what}: |engine-ref64| {e_ref:.3g}, |engine-HF| {e_hf:.3g}, tol {tol:.3g}")
@@ -166,7 +171,7 @@ def test_ring_wrap_and_chunking(case):
     lg, h = small.forward(ids, "all")
     r64, r32 = RefModel(f32), RefModel(f32, np.float32)
     l64, l32 = r64.forward(ids)[0], r32.forward(ids)[0]
-    tol = 8.0 * float(np.abs(l32 - l64).max()) + 16 * U32 * float(np.abs(l64).max())
+    tol = _tol(l64, l32)
     assert np.abs(lg - ref_l).max() <= tol and np.abs(lg - l64).max() <= tol
     small.cache.truncate(N_PROMPT - 1)                   # reject one token after the wrap
     lg1, _ = small.forward(ids[-1:], "all")
