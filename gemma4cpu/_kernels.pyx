@@ -224,3 +224,4 @@ cdef class Pool:
             raise ValueError(msg.decode())
 include "_attn.pxi"
 include "_ops.pxi"
+include "_tok.pxi"

@@ -447,6 +447,8 @@ def write_vocab(w: gguf.GGUFWriter, hf_dir: Path, hp: Hparams, log) -> None:
     if len(id2tok) > V:
         log(f"warning: tokenizer has {len(id2tok)} tokens, model vocab {V}; extra ids dropped")
     w.add_tokenizer_model(tok_model)
+    if tok_model == "gemma4":
+        w.add_tokenizer_pre("gemma4")
     w.add_token_list(tokens)
     w.add_token_scores(sc)
     w.add_token_types([int(t) for t in types])
