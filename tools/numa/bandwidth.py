@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gemma4cpu.cpulist import parse_cpu_list  # noqa: E402  (one parser for CLI, bench and tools)
+
 _SRC = Path(__file__).with_name("bandwidth.c")
 GIB = 1 << 30
 
@@ -39,30 +41,6 @@ ALLOWED_CPUS_AT_IMPORT: tuple[int, ...] = tuple(sorted(os.sched_getaffinity(0)))
     os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
 
 _lib = None
-
-
-def parse_cpu_list(spec: str) -> list[int]:
-    """taskset/cpuset style list: '0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (order kept, no dups)."""
-    out: list[int] = []
-    for part in spec.replace(" ", "").split(","):
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            lo_i, hi_i = int(lo), int(hi)
-            if hi_i < lo_i:
-                raise ValueError(f"bad CPU range {part!r}")
-            rng = range(lo_i, hi_i + 1)
-        else:
-            rng = range(int(part), int(part) + 1)
-        for c in rng:
-            if c < 0:
-                raise ValueError(f"bad CPU id {c}")
-            if c not in out:
-                out.append(c)
-    if not out:
-        raise ValueError(f"empty CPU list {spec!r}")
-    return out
 
 
 def parse_int_list(spec: str) -> list[int]:
