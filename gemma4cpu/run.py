@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-DEFAULT_PROMPT = "The capital of France is"
+DEFAULT_PROMPT = "The Eiffel Tower is located in the city of"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -126,9 +126,10 @@ def _cli(*args, stdin=None):
 
 
 def test_cli_default_model_end_to_end():
+    from gemma4cpu.run import DEFAULT_PROMPT
     p = _cli("-n", "6", "-t", "2")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("The capital of France is") and len(p.stdout) > len("The capital of France is ")
+    assert p.stdout.startswith(DEFAULT_PROMPT + " Paris"), p.stdout
     assert "generation: 6 tokens" in p.stderr
 
 
