@@ -104,3 +104,17 @@ def test_bad_vocabularies():
         Tokenizer({**kv, "tokenizer.ggml.token_type": [1, 1, 1]})
     with pytest.raises(TokenizerError, match="bos_token_id = 99999 is outside"):
         Tokenizer({**kv, "tokenizer.ggml.bos_token_id": 99999})
+
+
+def test_gemma4_chat_prompt_tokens_and_end_of_turn():
+    """The built-in Gemma 4 template, tokenized with special parsing, gives one control token per
+    turn marker, and <turn|> ends generation (as in llama.cpp's EOG list)."""
+    from gemma4cpu import chat
+    tok = Tokenizer(GGUFFile(DATA / "gemma4_bpe_vocab.gguf").kv)
+    text = chat.render([{"role": "user", "content": "Hi there"}], chat.GEMMA4_TEMPLATE, arch="gemma4")
+    ids = tok.encode(text, add_bos=False, parse_special=True)
+    start, end = tok.token_id("<|turn>"), tok.token_id("<turn|>")
+    assert ids[0] == tok.bos_id and ids.count(tok.bos_id) == 1
+    assert ids.count(start) == 2 and ids.count(end) == 1
+    assert end in tok.eog_ids and tok.eos_id in tok.eog_ids and start not in tok.eog_ids
+    assert tok.decode(ids) == text
