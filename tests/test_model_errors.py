@@ -56,27 +56,15 @@ def test_the_good_file_loads(good, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def test_missing_tensor(good, tmp_path):
-    p = rewrite(good, tmp_path / "m.gguf", drop_tensor="blk.3.ffn_up.weight")
-    with pytest.raises(GGUFFormatError, match=r"blk\.3\.ffn_up\.weight"):
-        Model(p, n_ctx=8, threads=1)
-
-
-def test_wrong_shape(good, tmp_path):
-    p = rewrite(good, tmp_path / "s.gguf", reshape="blk.1.attn_q.weight")
-    with pytest.raises(GGUFFormatError, match=r"blk\.1\.attn_q\.weight.*shape"):
-        Model(p, n_ctx=8, threads=1)
-
-
-def test_wrong_architecture(good, tmp_path):
-    p = rewrite(good, tmp_path / "a.gguf", arch="llama")
-    with pytest.raises(GGUFFormatError, match="llama"):
-        Model(p, n_ctx=8, threads=1)
-
-
-def test_missing_key(good, tmp_path):
-    p = rewrite(good, tmp_path / "k.gguf", drop_key="gemma4.embedding_length")
-    with pytest.raises(GGUFFormatError, match=r"gemma4\.embedding_length"):
+@pytest.mark.parametrize("change,match", [
+    ({"drop_tensor": "blk.3.ffn_up.weight"}, r"blk\.3\.ffn_up\.weight"),        # missing tensor
+    ({"reshape": "blk.1.attn_q.weight"}, r"blk\.1\.attn_q\.weight.*shape"),     # wrong shape
+    ({"arch": "llama"}, "llama"),                                                # wrong architecture
+    ({"drop_key": "gemma4.embedding_length"}, r"gemma4\.embedding_length"),       # missing key
+], ids=["missing_tensor", "wrong_shape", "wrong_architecture", "missing_key"])
+def test_bad_file_names_the_problem(good, tmp_path, change, match):
+    p = rewrite(good, tmp_path / "bad.gguf", **change)
+    with pytest.raises(GGUFFormatError, match=match):
         Model(p, n_ctx=8, threads=1)
 
 
