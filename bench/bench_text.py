@@ -49,8 +49,7 @@ def llama_worker(spec: dict) -> dict:
         ids = spec["ids"]
         ts = []
         for _ in range(spec["runs"]):
-            llm.reset()
-            llm._ctx.memory_clear(True) if hasattr(llm._ctx, "memory_clear") else None
+            llm.reset()                              # n_tokens = 0: eval() drops the cached K/V from there
             t0 = time.perf_counter()
             llm.eval(ids)
             tok = llm.sample(top_k=1, temp=0.0)

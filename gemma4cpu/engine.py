@@ -143,6 +143,9 @@ class Engine:
         self.n_ctx = n_ctx
         self.arch = self.model.cfg.arch
         self.chat_template = self.model.file.kv.get("tokenizer.chat_template")
+        tk = self.tokenizer
+        self._bos_text = tk.tokens[tk.bos_id] if tk.bos_id is not None else ""
+        self._eos_text = tk.tokens[tk.eos_id] if tk.eos_id is not None else ""
         self._seq: list[int] = []            # token ids whose K/V are in the cache
 
     # ---- tokens ----
@@ -223,15 +226,12 @@ class Engine:
         if len(ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
                              "(leave room for at least one generated token: raise n_ctx / -c)")
-        gen = self._generate(ids, max_tokens, sampler, stop)
+        s = Stream(self._generate(ids, max_tokens, sampler, stop))
         if stream:
-            return Stream(gen)
-        pieces = []
-        try:
-            while True:
-                pieces.append(next(gen))
-        except StopIteration as e:
-            return e.value
+            return s
+        for _ in s:                                  # the result carries the joined text
+            pass
+        return s.result
 
     def _generate(self, ids, max_tokens, sampler, stop):
         st = GenerationStats(n_prompt=len(ids), seed=sampler.seed if sampler.params.temperature > 0 else None)
@@ -295,15 +295,12 @@ class Engine:
         tpl = template if template is not None else self.chat_template
         if tpl is None:
             tpl = chat_mod.builtin_template("gemma4" if self.arch.startswith("gemma4") else "gemma3")
-        bos = self.tokenizer.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else ""
-        eos = self.tokenizer.tokens[self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else ""
         return chat_mod.render(messages, tpl, add_generation_prompt=add_generation_prompt,
-                               bos_token=bos, eos_token=eos)
+                               bos_token=self._bos_text, eos_token=self._eos_text)
 
     def chat(self, messages, **kw):
         """generate() on the rendered conversation (special tokens parsed; BOS comes from the
         template when it writes one)."""
         text = self.render_chat(messages)
-        bos = self.tokenizer.tokens[self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else None
-        add_bos = not (bos and text.startswith(bos))
+        add_bos = not (self._bos_text and text.startswith(self._bos_text))
         return self.generate(text, add_bos=add_bos, parse_special=True, **kw)
