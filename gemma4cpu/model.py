@@ -147,8 +147,13 @@ class Model:
             self.pool = _make_pool(threads, cpus)
             self.max_batch = int(max_batch)
             pr.stage = f"allocating the KV cache for {n_ctx} positions"
-            self.cache = KVCache.from_config(self.cfg, n_ctx, max_draft=max_draft, max_batch=self.max_batch,
-                                             type_k=cache_type_k, type_v=cache_type_v)
+            try:
+                self.cache = KVCache.from_config(self.cfg, n_ctx, max_draft=max_draft, max_batch=self.max_batch,
+                                                 type_k=cache_type_k, type_v=cache_type_v)
+            except MemoryError as e:
+                raise MemoryError(f"not enough memory for a KV cache of {n_ctx} positions "
+                                  f"({cache_type_k}/{cache_type_v}): {e}; lower n_ctx (-c) or use a "
+                                  "quantized cache type (q8_0, q4_0)") from None
             summary = (f"{self.cfg.arch}, {self.cfg.n_layer} layers, {self.w.n_bytes / 2**30:.2f} GiB weights, "
                        f"KV cache {self.cache.nbytes / 2**20:.0f} MiB ({cache_type_k}/{cache_type_v})")
         finally:

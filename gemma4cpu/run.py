@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted while loading", file=err)
         return 130
-    except (ValueError, FileNotFoundError, NotImplementedError, OSError) as e:
+    except (ValueError, FileNotFoundError, NotImplementedError, OSError, MemoryError) as e:
         print(f"error: {e}", file=err)
         return 1
     kw = dict(max_tokens=a.n_predict, temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
