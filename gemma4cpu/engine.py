@@ -7,6 +7,12 @@
         print(piece, end="", flush=True)
     eng.chat([{"role": "user", "content": "Name three rivers."}]).text
 
+Speculative decoding (gemma4cpu.speculative): `Engine(target, draft="assistant.gguf")` drafts with a
+Gemma 4 MTP assistant (spec_type "mtp"); `spec_type="ngram"` drafts from the context with any
+target. Greedy output is identical to plain decoding, token for token; sampled output is that of
+plain sampling with the same seed. Options (`draft_max`, `draft_min`, `draft_p_min`,
+`spec_autotune`, `spec_type`) are Engine defaults that `generate` can override per call.
+
 One Engine holds one model and one KV cache; calls are not thread-safe (use one Engine per
 thread or a lock). A new prompt reuses the cached prefix it shares with the previous sequence.
 """
@@ -21,6 +27,7 @@ import numpy as np
 from gemma4cpu import chat as chat_mod
 from gemma4cpu.model import Model
 from gemma4cpu.sampling import Sampler, SamplingParams
+from gemma4cpu import speculative as spec
 from gemma4cpu.tokenizer import StreamDecoder, Tokenizer
 
 
@@ -44,6 +51,7 @@ class GenerationStats:
     decode_s: float = 0.0        # the remaining tokens
     stop_reason: str = ""        # "eog", "stop", "length", "context", "interrupted"
     seed: int | None = None
+    spec: spec.SpecStats | None = None  # speculative decoding: drafted, accepted, by position, ...
 
     @property
     def prefill_tps(self) -> float:
@@ -60,7 +68,8 @@ class GenerationStats:
         return (f"prompt: {self.n_prompt} tokens ({self.n_cached} cached) in {self.prefill_s * 1e3:.1f} ms "
                 f"({self.prefill_tps:.1f} t/s) | generation: {self.n_generated} tokens in "
                 f"{self.decode_s * 1e3:.1f} ms ({self.decode_tps:.1f} t/s) | stop: {self.stop_reason}"
-                + (f" | seed {self.seed}" if self.seed is not None else ""))
+                + (f" | seed {self.seed}" if self.seed is not None else "")
+                + (f" | {self.spec.line()}" if self.spec is not None and self.spec.kind != "none" else ""))
 
 
 @dataclass
@@ -125,21 +134,42 @@ class _StopMatcher:
 
 
 class Engine:
-    def __init__(self, model_path: str | os.PathLike | None = None, draft: str | os.PathLike | None = None,
+    def __init__(self, model_path: str | os.PathLike | None = None, draft=None,
                  threads: int | None = None, n_ctx: int = 4096, cpus: list[int] | None = None,
                  cache_type_k: str = "f16", cache_type_v: str = "f16", max_batch: int = 256,
-                 progress: bool = True):
-        if draft is not None:
-            raise NotImplementedError("speculative decoding with an MTP drafter is not available yet; "
-                                      "run without draft=")
+                 progress: bool = True, spec_type: str | None = None, draft_max: int = 3,
+                 draft_min: int = 0, draft_p_min: float = 0.0, spec_autotune: bool = False):
+        """draft: a Gemma 4 MTP assistant GGUF made for this target (or a speculative.Drafter);
+        spec_type: 'mtp' (default when draft is given; llama.cpp's 'draft-mtp' too), 'ngram' or
+        'none' (default otherwise); draft_max: drafts per round (1..16); draft_min: rounds with
+        fewer proposals run without them; draft_p_min: the MTP drafter stops at a token whose
+        probability is below this; spec_autotune: adapt the draft length to the measured
+        acceptance and costs, down to no drafting when it does not pay."""
+        self._spec_defaults = self._spec_options(spec_type if spec_type is not None else
+                                                 ("mtp" if draft is not None else "none"),
+                                                 draft_max, draft_min, draft_p_min, spec_autotune)
+        if draft is not None and not isinstance(draft, spec.Drafter) and not os.path.exists(draft):
+            raise FileNotFoundError(f"draft model file not found: {draft}")
         self.model_path = str(model_path) if model_path is not None else default_model_path()
         self.model = Model(self.model_path, n_ctx=n_ctx, threads=threads, cpus=cpus,
                            cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_batch=max_batch,
-                           progress=progress)
+                           max_draft=spec.MAX_DRAFT, progress=progress)
         self.tokenizer = Tokenizer(self.model.file.kv)
         if self.tokenizer.n_vocab != self.model.cfg.n_vocab:
             raise ValueError(f"{self.model_path}: the vocabulary has {self.tokenizer.n_vocab} tokens but the "
                              f"model's embedding has {self.model.cfg.n_vocab} rows")
+        self.drafter: spec.Drafter | None = None
+        self.assistant = None
+        if isinstance(draft, spec.Drafter):
+            self.drafter = draft
+        elif draft is not None:
+            from gemma4cpu.assistant import Assistant
+            self.assistant = Assistant(draft, self.model)
+            self.drafter = spec.MTPDrafter(self.assistant)
+        if self._spec_defaults["spec_type"] == "mtp" and self.drafter is None:
+            raise ValueError("spec_type 'mtp' needs a drafter: pass draft='assistant.gguf' (-md), "
+                             "or use spec_type 'ngram'")
+        self.ngram = spec.NGramDrafter()
         self.n_ctx = n_ctx
         self.arch = self.model.cfg.arch
         self.chat_template = self.model.file.kv.get("tokenizer.chat_template")
@@ -147,6 +177,18 @@ class Engine:
         self._bos_text = tk.tokens[tk.bos_id] if tk.bos_id is not None else ""
         self._eos_text = tk.tokens[tk.eos_id] if tk.eos_id is not None else ""
         self._seq: list[int] = []            # token ids whose K/V are in the cache
+
+    @staticmethod
+    def _spec_options(spec_type, draft_max, draft_min, draft_p_min, spec_autotune) -> dict:
+        st = spec.spec_type_name(spec_type)
+        if not isinstance(draft_max, int) or isinstance(draft_max, bool) or not 1 <= draft_max <= spec.MAX_DRAFT:
+            raise ValueError(f"draft_max must be an integer in 1..{spec.MAX_DRAFT}, got {draft_max!r}")
+        if not isinstance(draft_min, int) or isinstance(draft_min, bool) or not 0 <= draft_min <= draft_max:
+            raise ValueError(f"draft_min must be an integer in 0..draft_max={draft_max}, got {draft_min!r}")
+        if not isinstance(draft_p_min, (int, float)) or not 0.0 <= float(draft_p_min) <= 1.0:
+            raise ValueError(f"draft_p_min must be in [0, 1], got {draft_p_min!r}")
+        return dict(spec_type=st, draft_max=draft_max, draft_min=draft_min, draft_p_min=float(draft_p_min),
+                    spec_autotune=bool(spec_autotune))
 
     # ---- tokens ----
     @property
@@ -164,8 +206,9 @@ class Engine:
         self.model.cache.reset()
         self._seq = []
 
-    def _prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
-        """Bring the cache to exactly `ids`; return (logits of the last position, reused count)."""
+    def _prefill(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Bring the cache to exactly `ids`; return (logits of the last position, its post-norm
+        hidden state, reused count)."""
         common = 0
         for a, b in zip(self._seq, ids):
             if a != b:
@@ -178,9 +221,9 @@ class Engine:
             common = 0
             self.model.cache.reset()
         self._seq = ids[:common]
-        logits, _ = self.model.forward(ids[common:], "last")
+        logits, hidden = self.model.forward(ids[common:], "last")
         self._seq = list(ids)
-        return logits[0], common
+        return logits[0], hidden[-1], common
 
     def logits(self, ids) -> np.ndarray:
         """float32 (len(ids), n_vocab): next-token logits at every position of a fresh sequence."""
@@ -200,10 +243,21 @@ class Engine:
     def generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 40,
                  top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  repeat_last_n: int = 64, seed: int | None = None, stop=(), stream: bool = False,
-                 add_bos: bool = True, parse_special: bool = False):
+                 add_bos: bool = True, parse_special: bool = False, spec_type: str | None = None,
+                 draft_max: int | None = None, draft_min: int | None = None, draft_p_min: float | None = None,
+                 spec_autotune: bool | None = None):
         """prompt: text, or a list of token ids (used as given). Returns a GenerationResult, or a
         Stream of text pieces when stream=True. Generation ends at an end-of-generation token, a
-        stop string (not included in the text), max_tokens, or a full context."""
+        stop string (not included in the text), max_tokens, or a full context. The speculative
+        options override the Engine's for this call (None = the Engine's)."""
+        d = self._spec_defaults
+        so = self._spec_options(
+            d["spec_type"] if spec_type is None else spec_type, d["draft_max"] if draft_max is None else draft_max,
+            d["draft_min"] if draft_min is None else draft_min,
+            d["draft_p_min"] if draft_p_min is None else draft_p_min,
+            d["spec_autotune"] if spec_autotune is None else spec_autotune)
+        if so["spec_type"] == "mtp" and self.drafter is None:
+            raise ValueError("spec_type 'mtp' needs a drafter: create the Engine with draft='assistant.gguf' (-md)")
         if isinstance(stop, str):
             stop = [stop]
         stop = list(stop or ())
@@ -226,15 +280,23 @@ class Engine:
         if len(ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
                              "(leave room for at least one generated token: raise n_ctx / -c)")
-        s = Stream(self._generate(ids, max_tokens, sampler, stop))
+        s = Stream(self._generate(ids, max_tokens, sampler, stop, so))
         if stream:
             return s
         for _ in s:                                  # the result carries the joined text
             pass
         return s.result
 
-    def _generate(self, ids, max_tokens, sampler, stop):
+    def _generate(self, ids, max_tokens, sampler, stop, so):
         st = GenerationStats(n_prompt=len(ids), seed=sampler.seed if sampler.params.temperature > 0 else None)
+        kind = so["spec_type"]
+        drafter = {"mtp": self.drafter, "ngram": self.ngram}.get(kind)
+        if isinstance(drafter, spec.MTPDrafter):
+            drafter.p_min = so["draft_p_min"]
+        if drafter is not None:
+            drafter.reset()
+            st.spec = spec.SpecStats(kind=drafter.name if kind == "mtp" else kind, draft_max=so["draft_max"])
+        tuner = spec.DraftTuner(so["draft_max"], so["draft_min"], so["spec_autotune"])
         out: list[int] = []
         text_parts: list[str] = []
         dec = StreamDecoder(self.tokenizer, skip_special=True)
@@ -242,16 +304,17 @@ class Engine:
         t0 = time.perf_counter()
         t_first = None
         history = list(ids)
+        model = self.model
         try:
             if max_tokens == 0:
                 st.stop_reason = "length"
                 return GenerationResult("", [], st, list(ids))
-            logits, st.n_cached = self._prefill(list(ids))
+            logits, hidden, st.n_cached = self._prefill(list(ids))
+            queue = [sampler.sample(logits, history)]     # tokens sampled, not yet emitted
+            t_first = time.perf_counter()
+            st.prefill_s = t_first - t0
             while True:
-                tok = sampler.sample(logits, history)
-                if t_first is None:
-                    t_first = time.perf_counter()
-                    st.prefill_s = t_first - t0
+                tok = queue.pop(0)
                 if tok in self.tokenizer.eog_ids:
                     st.stop_reason = "eog"
                     break
@@ -268,12 +331,49 @@ class Engine:
                 if len(out) >= max_tokens:
                     st.stop_reason = "length"
                     break
-                if len(self._seq) + 1 > self.n_ctx:
+                if queue:                   # an accepted draft: its K/V are already in the cache
+                    continue
+                P = len(self._seq)          # tok is at position P, not in the cache
+                if P + 1 > self.n_ctx:
                     st.stop_reason = "context"
                     break
-                lg, _ = self.model.forward([tok], "last")
-                self._seq.append(tok)
-                logits = lg[0]
+                # one round: draft, verify [tok, d1..dk] in one forward, accept the agreeing prefix
+                k = 0
+                if drafter is not None:
+                    k = min(tuner.next_k(), max_tokens - len(out) - 1, self.n_ctx - P - 1)
+                drafts: list[int] = []
+                t_d = time.perf_counter()
+                if k > 0:
+                    ctx = spec.DraftContext(history, hidden if drafter.needs_hidden else None, P)
+                    drafts = [int(x) for x in drafter.draft(ctx, k)][:k]
+                    if len(drafts) < max(1, so["draft_min"]):
+                        drafts = []
+                t_v = time.perf_counter()
+                lg, hid = model.forward([tok] + drafts, "all" if drafts else "last")
+                self._seq.extend([tok] + drafts)
+                t_end = time.perf_counter()
+                ys: list[int] = []
+                for i in range(len(drafts) + 1):
+                    y = sampler.sample(lg[i], history + ys)
+                    ys.append(y)
+                    if i == len(drafts) or y != drafts[i]:
+                        break
+                n_acc = len(ys) - 1
+                if drafts:
+                    if n_acc < len(drafts):
+                        model.cache.truncate(P + n_acc + 1)
+                        del self._seq[P + n_acc + 1:]
+                    st.spec.add_round(len(drafts), n_acc)
+                    st.spec.draft_s += t_v - t_d
+                    st.spec.verify_s += t_end - t_v
+                elif st.spec is not None:
+                    st.spec.plain_steps += 1
+                    st.spec.draft_s += t_v - t_d
+                    st.spec.plain_s += t_end - t_v
+                if drafter is not None:
+                    tuner.observe(len(drafts), n_acc, t_end - t_v, t_v - t_d)
+                hidden = hid[n_acc]
+                queue = ys
             if st.stop_reason != "stop":
                 piece, stopped = sm.feed(dec.flush())
                 piece += "" if stopped else sm.flush()
@@ -287,8 +387,26 @@ class Engine:
             now = time.perf_counter()
             if t_first is not None:
                 st.decode_s = now - t_first
+            self._drop_unemitted(list(ids) + out)
             self.last_stats = st
         return GenerationResult("".join(text_parts), out, st, list(ids))
+
+    def _drop_unemitted(self, emitted: list[int]):
+        """After a stop inside an accepted run of drafts, the cache may hold tokens that were not
+        emitted: keep only the prefix shared with prompt + output (prefix reuse stays exact)."""
+        if self.model.cache.n > len(self._seq):   # interrupted between a forward and its bookkeeping
+            self.model.cache.truncate(len(self._seq))
+        keep = 0
+        for a, b in zip(self._seq, emitted):
+            if a != b:
+                break
+            keep += 1
+        if keep < len(self._seq):
+            try:
+                self.model.cache.truncate(keep)
+                del self._seq[keep:]
+            except ValueError:
+                self.reset()
 
     def render_chat(self, messages, add_generation_prompt: bool = True, template: str | None = None) -> str:
         """The prompt text for a conversation: the GGUF's chat template, or the built-in Gemma one."""

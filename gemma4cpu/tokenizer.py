@@ -76,9 +76,13 @@ class Tokenizer:
                                      "tokenizer.ggml.model = 'gemma4' (expected 'gemma4')")
             escape_ws, default_bos = True, True
             self.add_space_prefix = False
+        elif model == "none":      # no tokenizer (e.g. gemma4cpu.convert's placeholder vocab): ids only
+            self.kind = "none"
+            escape_ws, default_bos = False, False
+            self.add_space_prefix = False
         else:
             raise TokenizerError(f"tokenizer.ggml.model = {model!r} is not supported "
-                                 "(supported: 'llama' for Gemma 3, 'gemma4' for Gemma 4)")
+                                 "(supported: 'llama' for Gemma 3, 'gemma4' for Gemma 4, 'none' for ids only)")
         self.tokens = tokens
         self.n_vocab = n
         index = {t: i for i, t in enumerate(tokens)}          # later duplicates win, as in llama.cpp
@@ -116,8 +120,8 @@ class Tokenizer:
         flags = np.zeros(n, np.uint8)
         flags[(types == CONTROL) | (types == UNKNOWN)] = 1
         flags[types == USER_DEFINED] = 2
-        self._core = _kernels.TokCore(0 if self.kind == "spm" else 1, tokens, scores, flags, merges,
-                                      escape_ws, self.add_space_prefix)
+        self._core = None if self.kind == "none" else _kernels.TokCore(
+            0 if self.kind == "spm" else 1, tokens, scores, flags, merges, escape_ws, self.add_space_prefix)
         self._pieces = None
 
     # ---- text -> ids ----
@@ -125,6 +129,9 @@ class Tokenizer:
                add_eos: bool | None = None) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"text must be str, not {type(text).__name__}")
+        if self._core is None:
+            raise TokenizerError("this model's vocabulary has no tokenizer (tokenizer.ggml.model = 'none'): "
+                                 "give the prompt as token ids")
         ids = self._core.encode(text, parse_special).tolist()
         if add_bos and self.add_bos:
             ids.insert(0, self.bos_id)
@@ -133,6 +140,8 @@ class Tokenizer:
         return ids
 
     def token_id(self, text: str) -> int | None:
+        if self._core is None:
+            return next((i for i, t in enumerate(self.tokens) if t == text), None)
         i = self._core.lookup(text)
         return None if i < 0 else i
 

@@ -108,7 +108,7 @@ def test_context_limits(eng):
         eng.generate("x", max_tokens=-1)
     with pytest.raises(ValueError, match="top_p"):
         eng.generate("x", top_p=0.0)
-    with pytest.raises(NotImplementedError, match="draft"):
+    with pytest.raises(FileNotFoundError, match="draft model file not found: x.gguf"):
         Engine(draft="x.gguf")
 
 
