@@ -13,6 +13,8 @@ Variants (all vocab 512, hidden 64, head_dim 32 (full 64: the C attention needs 
           layers KV-shared (sliding ones read layer 3, full ones read layer 4, as in E2B), double-wide MLP
   gemma3  Gemma3ForCausalLM, 7 layers [s s s s s F s], query_pre_attn_scalar = head_dim
   assistant  Gemma4AssistantForCausalLM drafter for `dense` (4 layers [s s s F], hidden 32)
+  assistant_e  the same for `e` (1 kv head), with the E2B/E4B centroid head: 32 clusters of 16
+          tokens (a seeded random token_ordering permutation), top-4 clusters scored per step
 
 Requires torch and transformers; nothing else in gemma4cpu imports this module.
 """
@@ -181,8 +183,39 @@ def gemma4_assistant(seed: int = 0):
     return _finish(m, seed)
 
 
+def gemma4_assistant_e(seed: int = 0):
+    """MTP assistant for the `e` target with the ordered-embedding (centroid) head of E2B/E4B
+    (spec 4.5): 4 layers [s s s F], hidden 32, 1 kv head on both layer types as in `e`,
+    32 centroids, top-4 clusters of 16 tokens scored per step."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    torch.manual_seed(seed)
+    text = _common_gemma4(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        num_key_value_heads=1,
+        final_logit_softcapping=None,
+    )
+    cfg = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=HIDDEN, use_ordered_embeddings=True,
+                                num_centroids=32, centroid_intermediate_top_k=4)
+    cfg._attn_implementation = "eager"
+    m = Gemma4AssistantForCausalLM(cfg)
+    m.generation_config.num_assistant_tokens = 3
+    # HF creates token_ordering with torch.empty and _init_weights zeroes it (every cluster = token 0);
+    # a real checkpoint stores a permutation of the vocabulary. It is a persistent buffer (saved, I64).
+    g = torch.Generator().manual_seed(seed + 2)
+    me = m.masked_embedding
+    with torch.no_grad():
+        me.token_ordering.copy_(torch.randperm(VOCAB, generator=g))
+        # centroid scores ~ N(0, 1.5): top-4 of 32 well separated beyond float32 noise
+        me.centroids.weight.copy_(0.25 * torch.randn(me.centroids.weight.shape, generator=g))
+    return _finish(m, seed)
+
+
 BUILDERS = {"dense": gemma4_dense, "moe": gemma4_moe, "e": gemma4_e, "gemma3": gemma3,
-            "assistant": gemma4_assistant}
+            "assistant": gemma4_assistant, "assistant_e": gemma4_assistant_e}
 
 
 def save(model, path) -> None:
