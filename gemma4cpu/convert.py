@@ -4,12 +4,15 @@
 
 Follows ../shared/spec/gemma4.md section 3: arch `gemma4` (keys of 3.2, per-layer arrays where the
 layers differ, tensor names of 3.3, `rope_freqs` for proportional partial RoPE, norm weights raw,
-`layer_output_scale`), arch `gemma4-assistant` (3.4a) for Gemma4AssistantForCausalLM, and arch
+`layer_output_scale`), arch `gemma4-assistant` (3.4a) for Gemma4AssistantForCausalLM (plus, for the
+E2B/E4B centroid head, spec 4.5: `masked_embd_centroids.weight` and the I32 permutation
+`masked_embd_ordering`, llama.cpp's names, which upstream declares but does not write), and arch
 `gemma3` the way llama.cpp writes it (norm weights with +1 baked in). 1-D tensors are always F32.
 Matrices take --outtype; a matrix whose row length is not a whole number of blocks falls back
 (q4_k -> q8_0 -> f16) and the fallback is logged.
 
-Reads safetensors with its own small parser (no torch needed); BF16/F16/F32 inputs.
+Reads safetensors with its own small parser (no torch needed); BF16/F16/F32 inputs (I64/I32 for
+the token ordering).
 Streams: tensor data is converted and written one tensor at a time.
 """
 from __future__ import annotations
@@ -57,7 +60,8 @@ class ConvertError(Exception):
 # safetensors
 # --------------------------------------------------------------------------------------------
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
+              "I64": np.int64, "I32": np.int32}
 
 
 @dataclass
@@ -97,11 +101,13 @@ def read_safetensors_index(hf_dir: Path) -> dict[str, _STensor]:
 
 
 def load_tensor(t: _STensor) -> np.ndarray:
-    """float32 numpy array of one safetensors tensor (bf16 widened exactly)."""
+    """float32 numpy array of one safetensors tensor (bf16 widened exactly); integers as int64."""
     raw = np.memmap(t.file, dtype=np.uint8, mode="r", offset=t.begin, shape=(t.end - t.begin,))
     a = np.frombuffer(raw, dtype=_ST_DTYPES[t.dtype]).reshape(t.shape)
     if t.dtype == "BF16":
         return (a.astype(np.uint32) << 16).view(np.float32)
+    if t.dtype.startswith("I"):
+        return a.astype(np.int64)
     return a.astype(np.float32)
 
 
@@ -138,6 +144,8 @@ class Hparams:
     n_ff_exp: int = 0
     query_pre_attn_scalar: float | None = None
     n_embd_backbone: int = 0  # assistant
+    n_centroids: int = 0  # assistant centroid head (0: dense head)
+    centroid_top_k: int = 0
     tied: bool = True
     extra: dict = field(default_factory=dict)
 
@@ -228,6 +236,18 @@ def hparams_from_config(cfg: dict, arch: str, tensors: dict[str, _STensor], pref
         hp.n_embd_backbone = int(cfg.get("backbone_hidden_size") or tensors["post_projection.weight"].shape[0])
         hp.n_shared_kv = L
         hp.softcap_final = None
+        if cfg.get("use_ordered_embeddings"):
+            hp.n_centroids = int(cfg.get("num_centroids", 2048))
+            hp.centroid_top_k = int(cfg.get("centroid_intermediate_top_k", 32))
+            c = tensors.get("masked_embedding.centroids.weight")
+            o = tensors.get("masked_embedding.token_ordering")
+            if c is None or o is None:
+                raise ConvertError("use_ordered_embeddings is set but masked_embedding.centroids.weight or "
+                                   "masked_embedding.token_ordering is missing")
+            if c.shape != (hp.n_centroids, D) or o.shape != (n_vocab,) or n_vocab % hp.n_centroids \
+                    or not 0 < hp.centroid_top_k <= hp.n_centroids:
+                raise ConvertError(f"centroid head: centroids {c.shape}, ordering {o.shape}, top_k "
+                                   f"{hp.centroid_top_k} do not fit {hp.n_centroids} centroids, D={D}, V={n_vocab}")
     return hp
 
 
@@ -272,6 +292,8 @@ _LAYER = {
 _ASSISTANT_TOP = {
     "pre_projection.weight": "nextn.pre_projection.weight",
     "post_projection.weight": "nextn.post_projection.weight",
+    "masked_embedding.centroids.weight": "masked_embd_centroids.weight",
+    "masked_embedding.token_ordering": "masked_embd_ordering",  # no .weight: llama.cpp's name
 }
 
 
@@ -282,8 +304,6 @@ def gguf_name(hf_name: str, prefix: str, arch: str) -> str | None:
     if arch == "gemma4-assistant":
         if hf_name in _ASSISTANT_TOP:
             return _ASSISTANT_TOP[hf_name]
-        if hf_name.startswith("masked_embedding."):
-            return None  # centroid head: not written by upstream either (spec 3.4a)
     if hf_name == "lm_head.weight":
         return "output.weight"
     if not hf_name.startswith(prefix):
@@ -368,6 +388,10 @@ def write_hparams(w: gguf.GGUFWriter, hp: Hparams, ftype: T, name: str) -> None:
     if a == "gemma4-assistant":
         w.add_uint32(f"{a}.embedding_length_out", hp.n_embd_backbone)
         w.add_uint32(f"{a}.nextn_predict_layers", hp.n_layer)
+        if hp.n_centroids:
+            w.add_bool(f"{a}.use_ordered_embeddings", True)
+            w.add_uint32(f"{a}.n_centroids", hp.n_centroids)
+            w.add_uint32(f"{a}.centroid_top_k", hp.centroid_top_k)
 
 
 def rope_freqs(hp: Hparams) -> np.ndarray | None:
@@ -549,11 +573,20 @@ def convert(hf_dir, out, outtype: str = "f16", quiet: bool = False) -> Path:
             continue
         if gname == "output.weight" and hp.tied:
             continue
+        if gname.startswith("masked_embd_") and not hp.n_centroids:
+            continue  # a centroid head the config does not use
         if arch == "gemma4" and _unused_shared_kv(gname, hp):
             dropped.append(gname)
             continue
         t = tensors[hf_name]
         shape = t.shape if len(t.shape) else (1,)
+        if gname == "masked_embd_ordering":  # small: checked before anything is written
+            order = load_tensor(t)
+            if not np.array_equal(np.sort(order), np.arange(order.size)):
+                raise ConvertError(f"{hf_name} is not a permutation of 0..{order.size - 1} "
+                                   "(HF leaves the buffer zeroed unless it is set)")
+            plans.append(_Plan(gname, None, shape, T.I32, gen=order.astype(np.int32)))
+            continue
         add_one = arch == "gemma3" and "norm" in gname and len(shape) == 1
         plans.append(_Plan(gname, t, shape, _pick_type(gname, shape, qout, log), add_one=add_one))
 
@@ -565,7 +598,9 @@ def convert(hf_dir, out, outtype: str = "f16", quiet: bool = False) -> Path:
     write_hparams(w, hp, qout, cfg.get("_name_or_path") or hf_dir.name)
     write_vocab(w, hf_dir, hp, log)
     for p in plans:
-        if p.qtype in (T.F32, T.F16):
+        if p.qtype == T.I32:
+            w.add_tensor_info(p.name, p.shape, np.dtype(np.int32), _nbytes(p.shape, p.qtype))
+        elif p.qtype in (T.F32, T.F16):
             w.add_tensor_info(p.name, p.shape, np.dtype(np.float32 if p.qtype == T.F32 else np.float16),
                               _nbytes(p.shape, p.qtype))
         else:
@@ -580,7 +615,7 @@ def convert(hf_dir, out, outtype: str = "f16", quiet: bool = False) -> Path:
         x = p.gen if p.gen is not None else load_tensor(p.src).reshape(p.shape)
         if p.add_one:
             x = x + np.float32(1.0)
-        data = quantize(x, p.qtype)
+        data = x if p.qtype == T.I32 else quantize(x, p.qtype)
         w.write_tensor_data(data)
         done += _nbytes(p.shape, T.F32)
         log(f"[{i + 1:4d}/{len(plans)}] {p.name:40s} {tuple(reversed(p.shape))!s:22s} {p.qtype.name:5s} "

@@ -95,12 +95,17 @@ def test_q4_K_can_fail():
 
 
 def write_safetensors(path, tensors: dict, bf16: bool = False):
-    """Minimal safetensors writer: {name: float32 array} -> file (F32, or BF16 by truncation)."""
+    """Minimal safetensors writer: {name: float32 array} -> file (F32, or BF16 by truncation);
+    integer arrays as I64."""
     header, blobs, off = {}, [], 0
     for name, a in tensors.items():
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        raw = (a.view(np.uint32) >> 16).astype(np.uint16).tobytes() if bf16 else a.tobytes()
-        header[name] = {"dtype": "BF16" if bf16 else "F32", "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        if np.asarray(a).dtype.kind in "iu":
+            raw, dt = np.ascontiguousarray(a, dtype="<i8").tobytes(), "I64"
+        else:
+            a = np.ascontiguousarray(a, dtype=np.float32)
+            raw = (a.view(np.uint32) >> 16).astype(np.uint16).tobytes() if bf16 else a.tobytes()
+            dt = "BF16" if bf16 else "F32"
+        header[name] = {"dtype": dt, "shape": list(np.shape(a)), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(header).encode()
@@ -334,3 +339,87 @@ def test_kv_shared_layers_drop_unused_kv_tensors():
     assert _unused_shared_kv("blk.7.attn_v.weight", hp)
     assert not _unused_shared_kv("blk.5.attn_k.weight", hp)  # last producer layers keep theirs
     assert not _unused_shared_kv("blk.6.attn_q.weight", hp) and not _unused_shared_kv("token_embd.weight", hp)
+
+
+# --------------------------------------------------------------------------------------------
+# a synthetic MTP assistant with the centroid head (spec 3.4a, 4.5)
+# --------------------------------------------------------------------------------------------
+
+DT, NC, TOPK = 128, 32, 4  # backbone width, centroids (V / NC = 10 tokens each), clusters scored
+
+
+def synthetic_assistant(d, rng, ordering=None, ordered=True):
+    """A 2-layer Gemma4AssistantForCausalLM (sliding, full) of width D = 256 for a D_t = 128 target."""
+    d.mkdir(parents=True, exist_ok=True)
+    text = {"model_type": "gemma4_text", "vocab_size": V, "hidden_size": D, "intermediate_size": FF,
+            "num_hidden_layers": 2, "num_attention_heads": HQ, "num_key_value_heads": HKV, "head_dim": HD,
+            "global_head_dim": HD_FULL, "sliding_window": 16, "layer_types": LAYER_TYPES,
+            "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 2, "final_logit_softcapping": None}
+    cfg = {"architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant", "text_config": text,
+           "backbone_hidden_size": DT, "use_ordered_embeddings": ordered, "num_centroids": NC,
+           "centroid_intermediate_top_k": TOPK, "tie_word_embeddings": True}
+    t = {"model.embed_tokens.weight": rng.standard_normal((V, D)), "model.norm.weight": rng.uniform(0.5, 1.5, D),
+         "pre_projection.weight": rng.standard_normal((D, 2 * DT)),
+         "post_projection.weight": rng.standard_normal((DT, D))}
+    for i, hd in enumerate([HD, HD_FULL]):
+        p = f"model.layers.{i}."
+        t[p + "self_attn.q_proj.weight"] = rng.standard_normal((HQ * hd, D))
+        t[p + "self_attn.o_proj.weight"] = rng.standard_normal((D, HQ * hd))
+        t[p + "self_attn.q_norm.weight"] = rng.uniform(0.5, 1.5, hd)
+        for n in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"]:
+            t[p + n + ".weight"] = rng.uniform(0.5, 1.5, D)
+        for n, shape in (("gate", (FF, D)), ("up", (FF, D)), ("down", (D, FF))):
+            t[p + f"mlp.{n}_proj.weight"] = rng.standard_normal(shape)
+        t[p + "layer_scalar"] = rng.uniform(0.3, 1.5, 1)
+    t = {k: (0.05 * v if v.ndim > 1 else v).astype(np.float32) for k, v in t.items()}
+    if ordered:
+        t["masked_embedding.centroids.weight"] = rng.standard_normal((NC, D)).astype(np.float32)
+        t["masked_embedding.token_ordering"] = rng.permutation(V) if ordering is None else ordering
+    (d / "config.json").write_text(json.dumps(cfg))
+    write_safetensors(d / "model.safetensors", t)
+    return t
+
+
+@pytest.mark.parametrize("outtype,matrix_type", [("f32", T.F32), ("q4_k", T.Q4_K)])
+def test_convert_assistant_centroid_head(tmp_path, rng, outtype, matrix_type):
+    """use_ordered_embeddings: three keys, the centroid matrix {D_a, n_c} like any other matrix, the
+    HF permutation as I32 {V} under llama.cpp's name (no .weight)."""
+    src = synthetic_assistant(tmp_path / "hf", rng)
+    r, kv, tensors = read(convert(tmp_path / "hf", tmp_path / "a.gguf", outtype, quiet=True))
+    a = "gemma4-assistant"
+    assert kv["general.architecture"] == a and kv[f"{a}.embedding_length_out"] == DT
+    assert kv[f"{a}.use_ordered_embeddings"] is True
+    assert kv[f"{a}.n_centroids"] == NC and kv[f"{a}.centroid_top_k"] == TOPK
+    ftype = {k: r.fields[k].types for k in (f"{a}.use_ordered_embeddings", f"{a}.n_centroids", f"{a}.centroid_top_k")}
+    from gguf import GGUFValueType as VT
+    assert list(ftype.values()) == [[VT.BOOL], [VT.UINT32], [VT.UINT32]]
+    c, o = tensors["masked_embd_centroids.weight"], tensors["masked_embd_ordering"]
+    assert [int(x) for x in c.shape] == [D, NC] and c.tensor_type == matrix_type
+    assert [int(x) for x in o.shape] == [V] and o.tensor_type == T.I32
+    x = src["masked_embedding.centroids.weight"]
+    if matrix_type == T.F32:
+        np.testing.assert_array_equal(deq(c), x)
+    else:
+        assert np.array_equal(np.asarray(c.data).reshape(-1), quantize_q4_K(x).reshape(-1))
+    assert np.asarray(o.data).dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(o.data), src["masked_embedding.token_ordering"])
+    assert {"nextn.pre_projection.weight", "nextn.post_projection.weight", "rope_freqs.weight"} <= set(tensors)
+
+
+def test_convert_assistant_without_centroid_head(tmp_path, rng):
+    synthetic_assistant(tmp_path / "hf", rng, ordered=False)
+    _, kv, tensors = read(convert(tmp_path / "hf", tmp_path / "a.gguf", "f32", quiet=True))
+    assert not any("centroid" in k or "ordered" in k for k in kv)
+    assert not any(n.startswith("masked_embd") for n in tensors)
+
+
+def test_convert_assistant_bad_centroid_head(tmp_path, rng):
+    """A zeroed token_ordering (HF's init when the buffer is never set) is refused before writing."""
+    synthetic_assistant(tmp_path / "hf", rng, ordering=np.zeros(V, np.int64))
+    with pytest.raises(ConvertError, match="not a permutation"):
+        convert(tmp_path / "hf", tmp_path / "a.gguf", "f32", quiet=True)
+    assert not (tmp_path / "a.gguf").exists()
+    synthetic_assistant(tmp_path / "hf2", rng, ordering=rng.permutation(V - 10))
+    with pytest.raises(ConvertError, match="centroid head"):
+        convert(tmp_path / "hf2", tmp_path / "a.gguf", "f32", quiet=True)
