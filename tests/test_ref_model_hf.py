@@ -156,14 +156,10 @@ def test_assistant_gguf_layout(assistant_case):
     assert all(f"blk.{i}.layer_output_scale.weight" in names for i in range(4))
 
 
-@pytest.mark.parametrize("P", [3, 7, 12, 19])
-def test_assistant_step_matches_hf(assistant_case, P):
-    """One draft step (spec 4.3) vs Gemma4AssistantForCausalLM fed as HF's candidate generator does:
-    inputs_embeds = [scaled target embedding of tok, target post-norm hidden], position P, the
-    target's shared_kv_states. Same float32-noise bound as above (measured with a float32 run).
-    For P >= W the sliding layers see different windows (llama.cpp [P-W+1, P-1] vs HF's last W+1);
-    there the reference must match HF only in hf_window mode, and must differ in llama.cpp mode."""
-    tgt, asst, t64, t32, a_path = assistant_case
+def _hf_draft_step(tgt, asst, P):
+    """A P-token random prompt through the HF target, then one HF assistant step fed as HF's
+    candidate generator does: inputs_embeds = [scaled target embedding of tok, target post-norm
+    hidden], position P, the target's shared_kv_states. -> (ids, tok, target output, assistant output)."""
     ids = torch.randint(3, hf_tiny.VOCAB, (1, P), generator=torch.Generator().manual_seed(P))
     with torch.no_grad():
         out = tgt(ids, output_hidden_states=True, return_shared_kv_states=True)
@@ -171,17 +167,31 @@ def test_assistant_step_matches_hf(assistant_case, P):
         emb = tgt.get_input_embeddings()(torch.tensor([[tok]]))
         x = torch.cat([emb, out.hidden_states[-1][:, -1:]], dim=-1)
         hf = asst(inputs_embeds=x, position_ids=torch.tensor([[P]]), shared_kv_states=out.shared_kv_states)
+    return ids, tok, out, hf
+
+
+def _ref_draft_step(t64, t32, a_path, ids, tok, P, hf_window):
+    """The same step through ref.Assistant in float64 and float32 -> ((logits, h_next), tol_l, tol_h)."""
+    l64, h64, kv64 = t64.forward(ids[0].numpy(), return_kv=True)
+    _, h32, kv32 = t32.forward(ids[0].numpy(), return_kv=True)
+    assert int(np.argmax(l64[-1])) == tok
+    r64 = Assistant(a_path, hf_window=hf_window).step(t64, kv64, tok, h64[-1], P)
+    r32 = Assistant(a_path, np.float32, hf_window=hf_window).step(t32, kv32, tok, h32[-1], P)
+    return r64, _bound(r64[0], r32[0]), _bound(r64[1], r32[1])
+
+
+@pytest.mark.parametrize("P", [3, 7, 12, 19])
+def test_assistant_step_matches_hf(assistant_case, P):
+    """One draft step (spec 4.3) vs Gemma4AssistantForCausalLM (see _hf_draft_step). Same
+    float32-noise bound as above (measured with a float32 run).
+    For P >= W the sliding layers see different windows (llama.cpp [P-W+1, P-1] vs HF's last W+1);
+    there the reference must match HF only in hf_window mode, and must differ in llama.cpp mode."""
+    tgt, asst, t64, t32, a_path = assistant_case
+    ids, tok, _, hf = _hf_draft_step(tgt, asst, P)
     hf_logits = hf.logits[0, -1].double().numpy()
     hf_next = hf.last_hidden_state[0, -1].double().numpy()
     window = 8
-    results = {}
-    for hf_window in (False, True):
-        l64, h64, kv64 = t64.forward(ids[0].numpy(), return_kv=True)
-        _, h32, kv32 = t32.forward(ids[0].numpy(), return_kv=True)
-        assert int(np.argmax(l64[-1])) == tok
-        r64 = Assistant(a_path, hf_window=hf_window).step(t64, kv64, tok, h64[-1], P)
-        r32 = Assistant(a_path, np.float32, hf_window=hf_window).step(t32, kv32, tok, h32[-1], P)
-        results[hf_window] = (r64, _bound(r64[0], r32[0]), _bound(r64[1], r32[1]))
+    results = {w: _ref_draft_step(t64, t32, a_path, ids, tok, P, w) for w in (False, True)}
     (lg, nx), tol_l, tol_h = results[True]
     assert np.abs(lg - hf_logits).max() <= tol_l and np.abs(nx - hf_next).max() <= tol_h
     (lg, nx), tol_l, tol_h = results[False]
@@ -189,3 +199,72 @@ def test_assistant_step_matches_hf(assistant_case, P):
         assert np.abs(lg - hf_logits).max() <= tol_l and np.abs(nx - hf_next).max() <= tol_h
     else:
         assert np.abs(lg - hf_logits).max() > 100 * tol_l
+
+
+@pytest.fixture(scope="module")
+def assistant_e_case(tmp_path_factory):
+    torch.set_num_threads(2)
+    d = tmp_path_factory.mktemp("assistant_e")
+    tgt = hf_tiny.build("e", d / "target", seed=0)
+    asst = hf_tiny.build("assistant_e", d / "assistant", seed=0)
+    t_path = convert(d / "target", d / "target.gguf", "f32", quiet=True)
+    a_path = convert(d / "assistant", d / "assistant.gguf", "f32", quiet=True)
+    return tgt, asst, Model(t_path), Model(t_path, np.float32), a_path
+
+
+def test_assistant_e_gguf_layout(assistant_e_case):
+    """Centroid head (spec 4.5) in the gemma4-assistant file: keys, centroid matrix {D_a, n_c},
+    masked_embd_ordering = HF's token_ordering buffer as I32 {V}; kv heads are the `e` target's."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    asst, a_path = assistant_e_case[1], assistant_e_case[4]
+    r = GGUFReader(a_path)
+    kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.token")}
+    t = {x.name: x for x in r.tensors}
+    a = "gemma4-assistant"
+    assert kv[f"{a}.use_ordered_embeddings"] is True
+    assert kv[f"{a}.n_centroids"] == 32 and kv[f"{a}.centroid_top_k"] == 4
+    assert kv[f"{a}.attention.head_count_kv"] == 1 and kv[f"{a}.embedding_length_out"] == hf_tiny.HIDDEN
+    c, o = t["masked_embd_centroids.weight"], t["masked_embd_ordering"]
+    assert [int(x) for x in c.shape] == [32, 32] and [int(x) for x in o.shape] == [hf_tiny.VOCAB]
+    assert o.tensor_type == GGMLQuantizationType.I32
+    want = asst.masked_embedding.token_ordering.numpy()
+    assert sorted(want.tolist()) == list(range(hf_tiny.VOCAB))  # a real permutation, not HF's zero init
+    np.testing.assert_array_equal(np.asarray(o.data), want)
+    np.testing.assert_array_equal(np.asarray(c.data).reshape(32, 32), asst.masked_embedding.centroids.weight.detach().numpy())
+
+
+@pytest.mark.parametrize("P", [3, 12, 19])
+def test_assistant_centroid_head_matches_hf(assistant_e_case, P):
+    """E2B/E4B-style drafter (centroid head, spec 4.5) on the KV-shared `e` target: the assistant
+    reads target layers 3 (sliding) and 4 (full), the last non-shared ones, which are exactly the
+    K/V HF returns as shared_kv_states; masked logits and h_next equal HF's (hf_window mode, so
+    also for P >= W); the candidates are top_k clusters of V/n_c tokens, the rest hold min - 1."""
+    tgt, asst, t64, t32, a_path = assistant_e_case
+    ids, tok, out, hf = _hf_draft_step(tgt, asst, P)
+    a = Assistant(a_path)
+    assert [a.target_layer(t64, l) for l in range(4)] == [3, 3, 3, 4]
+    _, h64, kv64 = t64.forward(ids[0].numpy(), return_kv=True)
+    _, _, kv32 = t32.forward(ids[0].numpy(), return_kv=True)
+    for typ, l in (("sliding_attention", 3), ("full_attention", 4)):
+        for i in range(2):  # K, V: HF (1, Hkv, P, hd) vs ref (P, Hkv, hd)
+            got = out.shared_kv_states[typ][i][0].transpose(0, 1).double().numpy()
+            assert np.abs(got - kv64[l][i]).max() <= _bound(kv64[l][i], kv32[l][i]), (typ, i)
+
+    (lg, nx), tol_l, tol_h = _ref_draft_step(t64, t32, a_path, ids, tok, P, True)
+    hf_logits = hf.logits[0, -1].double().numpy()
+    assert np.abs(lg - hf_logits).max() <= tol_l
+    assert np.abs(nx - hf.last_hidden_state[0, -1].double().numpy()).max() <= tol_h
+    n_cand = a.centroid_top_k * a.n_vocab // a.n_centroids
+    assert (a.centroid_top_k, a.n_centroids, n_cand) == (4, 32, 64)
+    fill = lg.min()
+    cand = lg > fill
+    assert cand.sum() == n_cand and fill == lg[cand].min() - 1.0
+    assert np.array_equal(cand, hf_logits > hf_logits.min())  # the same clusters as HF's top-k
+    order = asst.masked_embedding.token_ordering.numpy().reshape(32, 16)
+    clusters = {frozenset(c) for c in order.tolist()}
+    picked = set(np.nonzero(cand)[0].tolist())
+    assert sum(c <= picked for c in clusters) == 4  # whole clusters only
+    # dense_head=True (what llama.cpp computes) scores every token, the same way on the candidates
+    dense, _ = Assistant(a_path, hf_window=True, dense_head=True).step(t64, kv64, tok, h64[-1], P)
+    assert np.allclose(dense[cand], lg[cand], rtol=0, atol=1e-12)

@@ -338,14 +338,20 @@ class Assistant(Model):
     [P-W+1, P-1]. HF (transformers 5.24) shows the sliding layers the last W+1 target entries
     instead, [P-W-1, P-1] (measured; spec 4.4 / open question 4): hf_window=True reproduces that.
     The two agree while P < W.
+
+    Files with use_ordered_embeddings (E2B/E4B) get HF's centroid head (spec 4.5) unless
+    dense_head=True (what llama.cpp and ik_llama.cpp compute).
     """
 
-    def __init__(self, path, dtype=np.float64, hf_window: bool = False):
+    def __init__(self, path, dtype=np.float64, hf_window: bool = False, dense_head: bool = False):
         super().__init__(path, dtype)
         self.hf_window = hf_window
         if self.arch != "gemma4-assistant":
             raise ValueError(f"{path}: arch {self.arch!r} is not gemma4-assistant")
         self.n_embd_out = int(self._a("embedding_length_out"))
+        ordered = bool(self._a("use_ordered_embeddings", False)) and not dense_head
+        self.n_centroids = int(self._a("n_centroids")) if ordered else 0
+        self.centroid_top_k = int(self._a("centroid_top_k")) if ordered else 0
 
     def target_layer(self, target: Model, l: int) -> int:
         """Target layer whose K/V assistant layer l reads: the last non-KV-shared target layer of the
@@ -357,7 +363,8 @@ class Assistant(Model):
         """One draft step. tok: last token (position pos, not in target_kv); h_prev (D_t,): target
         post-norm hidden of the row that produced tok (or the previous step's h_next);
         target_kv: Model.forward(..., return_kv=True)[2] covering positions 0..pos-1.
-        Returns (logits (V,) without softcap, h_next (D_t,))."""
+        Returns (logits (V,) without softcap, h_next (D_t,)); with the centroid head only the
+        top_k * V / n_centroids candidate tokens are scored, the rest hold min(scored) - 1."""
         if target.n_embd != self.n_embd_out:
             raise ValueError(f"assistant expects a target with D={self.n_embd_out}, got {target.n_embd}")
         e = target.rows("token_embd.weight", [tok]) * float(np.sqrt(target.n_embd))  # (1, D_t)
@@ -370,8 +377,19 @@ class Assistant(Model):
             w = self.window + 2 if self.hf_window else self.window  # visible: pos - kpos < w
             z = self.layer(l, z, P, {l: (K, V)}, None, kpos=np.arange(pos), window=w)
         zn = rmsnorm(z, self.w("output_norm.weight"), self.eps)  # (1, D_a)
-        logits = self.matmul(zn, "output.weight" if self.has("output.weight") else "token_embd.weight")
-        return logits[0], self.matmul(zn, "nextn.post_projection.weight")[0]
+        head = "output.weight" if self.has("output.weight") else "token_embd.weight"
+        h_next = self.matmul(zn, "nextn.post_projection.weight")[0]
+        if not self.n_centroids:
+            return self.matmul(zn, head)[0], h_next
+        # spec 4.5, HF Gemma4AssistantMaskedEmbedder: score the tokens of the top_k best clusters only
+        c = self.matmul(zn, "masked_embd_centroids.weight")[0]  # (n_c,)
+        top = np.argsort(-c, kind="stable")[: self.centroid_top_k]
+        order = np.asarray(self.t["masked_embd_ordering"].data, dtype=np.int64)
+        cand = order.reshape(self.n_centroids, -1)[top].reshape(-1)  # cluster i = order[i*V/n_c : (i+1)*V/n_c]
+        s = self.rows(head, cand) @ zn[0]
+        logits = np.full(self.n_vocab, s.min() - 1.0, dtype=self.dtype)
+        logits[cand] = s
+        return logits, h_next
 
 
 def load(path, dtype=np.float64) -> Model:
