@@ -219,7 +219,8 @@ class SpecStats:
 
 class DraftTuner:
     """Chooses the draft length per round. Fixed: always draft_max. Autotune: estimate the
-    acceptance of each draft position (exponentially decayed counts, prior 1/2) and the cost of a
+    acceptance of each draft position (exponentially decayed counts, shrunk towards the pooled
+    rate of all positions, itself with prior 1/2, so a depth rarely tried borrows the others' rate) and the cost of a
     target forward of n tokens and of a draft step (decayed mean times), then pick the k in
     0..draft_max with the most expected tokens per second,
         E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,   cost(k) = c(k+1) + k * c_draft;
@@ -230,14 +231,14 @@ class DraftTuner:
 
     def __init__(self, draft_max: int, draft_min: int = 0, autotune: bool = False):
         self.k_max, self.k_min, self.autotune = int(draft_max), int(draft_min), bool(autotune)
-        self.acc = [1.0] * (self.k_max + 1)      # decayed accepted counts per position (1-based)
-        self.seen = [2.0] * (self.k_max + 1)     # decayed proposed counts (prior 1/2)
+        self.acc = [0.0] * (self.k_max + 1)      # decayed accepted counts per position (1-based)
+        self.seen = [0.0] * (self.k_max + 1)     # decayed proposed counts
         self.cost: dict[int, float] = {}         # n tokens -> seconds per target forward
         self.c_draft: float | None = None
         self._n = 0
 
-    def _rate(self, i):
-        return self.acc[i] / self.seen[i]
+    def _rate(self, i, pooled):
+        return (self.acc[i] + 2.0 * pooled) / (self.seen[i] + 2.0)
 
     def _c(self, n: int) -> float:
         if n in self.cost:
@@ -261,8 +262,9 @@ class DraftTuner:
             return self.k_max
         best, best_rate = 0, 1.0 / self._c(1)
         e, p = 1.0, 1.0
+        pooled = (sum(self.acc) + 1.0) / (sum(self.seen) + 2.0)
         for k in range(1, self.k_max + 1):
-            p *= self._rate(k)
+            p *= self._rate(k, pooled)
             e += p
             rate = e / (self._c(k + 1) + k * (self.c_draft or 0.0))
             if rate > best_rate * 1.0001:
@@ -281,7 +283,7 @@ class DraftTuner:
 
     def observe(self, n_drafted: int, n_accepted: int, forward_s: float, draft_s: float):
         d = self.DECAY
-        for i in range(1, n_drafted + 1):
+        for i in range(1, min(n_drafted, n_accepted + 1) + 1):   # drafts past the first miss are never judged
             self.seen[i] = d * self.seen[i] + 1.0
             self.acc[i] = d * self.acc[i] + (1.0 if i <= n_accepted else 0.0)
         n = n_drafted + 1
