@@ -207,7 +207,8 @@ class SpecStats:
         if by:
             s += f", by position {by}%"
         if self.plain_steps:
-            s += f", {self.plain_steps} plain steps"
+            ms = self.plain_step_ms
+            s += f", {self.plain_steps} plain steps of {ms:.1f} ms ({1e3 / ms if ms else 0:.1f} t/s without drafting)"
         return s
 
     def as_dict(self) -> dict:
