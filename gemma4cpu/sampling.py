@@ -281,6 +281,14 @@ class Sampler:
         """Draw one token id. Greedy: the argmax of the penalized logits (no RNG use); otherwise
         consumes one uniform double from this sampler's generator."""
         if self.greedy:
+            if self._penalty == 1.0 or self._last_n == 0:
+                # fast path (no float64 copy): the same first-maximum index whenever the maximum
+                # is finite; NaN / inf cases take the checked path below
+                a = np.asarray(logits)
+                if a.ndim == 1 and a.shape[0] == self.n_vocab and a.dtype.kind == "f":
+                    i = int(np.argmax(a))
+                    if np.isfinite(a[i]):
+                        return i
             return int(np.argmax(self._penalized(logits, history)))
         ids, p = self._candidates(logits, history)
         u = self._rng.random()
