@@ -59,3 +59,43 @@ def test_bench_kernels_tiny(tmp_path, capsys):
     assert {r["n"] for r in batch} == {1, 2} and all(r["gbs"] > 0 for r in batch)
     assert [r["ratio_n1"] for r in batch if r["n"] == 1] == [1.0]
     assert any(r["group"] == "prefill" for r in d["results"])
+
+
+# ---- bench/bench_spec.py: the cost model and the command line (no model files) ----------------
+
+def test_spec_cost_model():
+    from bench import bench_spec as bs
+
+    assert bs.expected_tokens(0.84, 3) == pytest.approx(1 + 0.84 + 0.84 ** 2 + 0.84 ** 3)
+    assert bs.expected_tokens(0.84, 3) == pytest.approx(3.1383, abs=1e-4)   # the issue's "ideal 3.1x"
+    assert bs.expected_tokens(0.0, 5) == 1.0 and bs.expected_tokens(1.0, 4) == 5.0
+    free = {n: 1.0 for n in range(1, 10)}                       # verify costs c(1), drafts are free
+    assert bs.model_speedup(free, 0.0, 0.84, 3) == pytest.approx(bs.expected_tokens(0.84, 3))
+    # llama.cpp's figures from the issue: c(4) = 1.49 c(1) -> about 2.1x at a = 0.84, k = 3
+    assert bs.model_speedup({1: 1.0, 4: 1.49}, 0.0, 0.84, 3) == pytest.approx(2.106, abs=1e-3)
+    assert bs.round_cost({1: 1.0, 4: 1.2}, 0.05, 3) == pytest.approx(1.35)
+    ca = {n: 1.0 + 0.1 * n for n in range(1, 4)}
+    cb = {n: 2.0 + 0.2 * n for n in range(1, 4)}
+    c60 = bs.extrapolate(ca, cb, 6, 12)                         # (60 - 6) / 6 = 9 steps of cB - cA
+    assert c60[1] == pytest.approx(1.1 + 9 * 1.1) and c60[3] == pytest.approx(1.3 + 9 * 1.3)
+    with pytest.raises(ValueError):
+        bs.extrapolate(ca, cb, 6, 6)
+    tab = bs.speedup_table(free, 0.0, accepts=(0.5, 0.84), ks=(1, 2, 3, 9))
+    assert set(tab[0.84]) == {1, 2, 3}                          # k = 9 needs c(10)
+    assert bs.best_k(tab[0.84]) == 3
+    md = bs.fmt_table(tab)
+    assert "**3.14*" in md and md.splitlines()[0].startswith("| a \\ k | 1 | 2 | 3 |")
+
+
+def test_spec_cli_arguments(capsys):
+    from bench import bench_spec as bs
+
+    for bad in (["--layers", "6"], ["--layers", "6,6"], ["--layers", "1,6"], ["--sections", "xyz"],
+                ["--accept", "1.5"], ["--n-max", "1"], ["--runs", "0"], ["--threads", "99"]):
+        with pytest.raises(SystemExit):
+            bs.main(bad)
+    capsys.readouterr()
+    # section c alone needs no file (it reads the costs of a and b): the header, then nothing
+    assert bs.main(["--sections", "c", "--no-llama"]) == 0
+    out = capsys.readouterr().out
+    assert "# gemma4cpu speculative decoding bench" in out and "isa " in out and "pinning" in out
