@@ -230,18 +230,35 @@ typedef struct {
     const float *xf;
     int64_t ldx;
     void *xq;
+    /* per-group rows (NUMA distribute / mirror): group g computes rows [split[g], split[g+1])
+     * with its own workers, reading them from w_group[g] (or w); NULL: all workers share [r0, r1) */
+    const g4_pool *pool;
+    const int64_t *split;
+    const void *const *w_group;
 } matmul_ctx;
 
 static void matmul_task(void *vctx, int ith, int nth) {
     const matmul_ctx *c = (const matmul_ctx *)vctx;
-    const int64_t rows = c->r1 - c->r0;
+    int64_t lo = c->r0, hi = c->r1;
+    const void *w = c->w;
+    if (c->split) {
+        int g, li, ln;
+        g4_pool_group_of(c->pool, ith, &g, &li, &ln);
+        if (c->split[g] > lo) lo = c->split[g];
+        if (c->split[g + 1] < hi) hi = c->split[g + 1];
+        if (c->w_group) w = c->w_group[g];
+        ith = li;
+        nth = ln;
+    }
+    const int64_t rows = hi - lo;
+    if (rows <= 0) return;
     int64_t per = (rows + nth - 1) / nth;
     per = (per + 15) & ~(int64_t)15;
-    const int64_t a = c->r0 + per * ith;
-    const int64_t b = a + per < c->r1 ? a + per : c->r1;
+    const int64_t a = lo + per * ith;
+    const int64_t b = a + per < hi ? a + per : hi;
     if (a >= b) return;
     if (c->n_tok <= G4_TOK_TILE) {
-        c->gemm(c->w, c->wrb, c->x, c->xrb, c->y, c->ldy, c->n_tok, c->k, a, b);
+        c->gemm(w, c->wrb, c->x, c->xrb, c->y, c->ldy, c->n_tok, c->k, a, b);
         return;
     }
     int64_t chunk = (int64_t)(G4_L2_CHUNK_BYTES / (c->wrb ? c->wrb : 1));
@@ -250,7 +267,7 @@ static void matmul_task(void *vctx, int ith, int nth) {
         const int64_t rb = ra + chunk < b ? ra + chunk : b;
         for (int64_t t = 0; t < c->n_tok; t += G4_TOK_TILE) {
             const int64_t nt = c->n_tok - t < G4_TOK_TILE ? c->n_tok - t : G4_TOK_TILE;
-            c->gemm(c->w, c->wrb, (const uint8_t *)c->x + (size_t)t * c->xrb, c->xrb, c->y + t * c->ldy,
+            c->gemm(w, c->wrb, (const uint8_t *)c->x + (size_t)t * c->xrb, c->xrb, c->y + t * c->ldy,
                     c->ldy, nt, c->k, ra, rb);
         }
     }
@@ -265,6 +282,13 @@ static void quant_task(void *vctx, int ith, int nth) {
 int g4_matmul(g4_pool *pool, int type, const void *w, size_t wrb, int64_t n_rows, const float *x,
               int64_t ldx, int64_t n_tok, int64_t k, float *y, int64_t ldy, int64_t r0, int64_t r1,
               char *msg, size_t msg_len) {
+    return g4_matmul_split(pool, type, w, wrb, n_rows, x, ldx, n_tok, k, y, ldy, r0, r1, NULL, 0, NULL,
+                           msg, msg_len);
+}
+
+int g4_matmul_split(g4_pool *pool, int type, const void *w, size_t wrb, int64_t n_rows, const float *x,
+                    int64_t ldx, int64_t n_tok, int64_t k, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                    const int64_t *split, int n_split, const void *const *w_group, char *msg, size_t msg_len) {
     const int wt = g4_wt_index(type);
     if (wt < 0) { snprintf(msg, msg_len, "unsupported weight type %d", type); return -1; }
     const int km = g4_type_k_multiple(type);
@@ -277,10 +301,26 @@ int g4_matmul(g4_pool *pool, int type, const void *w, size_t wrb, int64_t n_rows
         return -1;
     }
     if (ldx < k || ldy < r1) { snprintf(msg, msg_len, "bad strides ldx=%lld ldy=%lld", (long long)ldx, (long long)ldy); return -1; }
+    if (split) {
+        if (n_split != g4_pool_n_groups(pool)) {
+            snprintf(msg, msg_len, "row split has %d groups, the pool %d", n_split, g4_pool_n_groups(pool));
+            return -1;
+        }
+        if (split[0] != 0 || split[n_split] != n_rows) {
+            snprintf(msg, msg_len, "row split must run from 0 to %lld", (long long)n_rows);
+            return -1;
+        }
+        for (int g = 0; g < n_split; g++)
+            if (split[g + 1] < split[g]) { snprintf(msg, msg_len, "row split bounds must not decrease"); return -1; }
+        if (w_group)
+            for (int g = 0; g < n_split; g++)
+                if (!w_group[g]) { snprintf(msg, msg_len, "no weight copy for group %d", g); return -1; }
+    }
     if (r0 == r1) return 0;
     const g4_kernels *kt = g4_active();
     matmul_ctx c = {.gemm = kt->wt[wt].gemm, .w = w, .wrb = wrb, .y = y, .ldy = ldy, .n_tok = n_tok,
-                    .k = k, .r0 = r0, .r1 = r1, .xf = x, .ldx = ldx};
+                    .k = k, .r0 = r0, .r1 = r1, .xf = x, .ldx = ldx, .pool = pool, .split = split,
+                    .w_group = split ? w_group : NULL};
     const g4_act act = g4_type_act(type);
     if (act == G4_ACT_F32) {
         c.x = x;

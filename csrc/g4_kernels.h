@@ -108,6 +108,15 @@ struct g4_pool;
 int g4_matmul(struct g4_pool *pool, int ggml_type, const void *w, size_t w_row_bytes, int64_t n_rows,
               const float *x, int64_t ldx, int64_t n_tok, int64_t k, float *y, int64_t ldy,
               int64_t r0, int64_t r1, char *msg, size_t msg_len);
+/* The same with rows placed per worker group (g4_pool_set_groups; NUMA distribute / mirror):
+ * group g computes rows [split[g], split[g+1]) of [r0, r1) over its own workers, reading W from
+ * w_group[g] (a copy of all n_rows rows; NULL: every group reads w). split has n_split + 1
+ * bounds from 0 to n_rows, n_split = the pool's group count; split NULL = g4_matmul. A row's
+ * result never depends on which worker computes it, so any split gives the same bits. */
+int g4_matmul_split(struct g4_pool *pool, int ggml_type, const void *w, size_t w_row_bytes, int64_t n_rows,
+                    const float *x, int64_t ldx, int64_t n_tok, int64_t k, float *y, int64_t ldy,
+                    int64_t r0, int64_t r1, const int64_t *split, int n_split, const void *const *w_group,
+                    char *msg, size_t msg_len);
 
 #ifdef __cplusplus
 }

@@ -43,9 +43,16 @@ struct g4_pool {
     _Atomic int sleepers;   /* workers inside futex_wait (or about to be) */
     g4_task_fn fn;
     void *ctx;
-    long caller_tid;        /* the thread last pinned as worker 0 */
+    long caller_tid;        /* the thread that last ran work as worker 0 */
     void *scratch;
     size_t scratch_bytes;
+    int n_groups;
+    int *group_first;       /* n_groups + 1 worker bounds */
+    int *group_of;          /* n entries */
+    _Atomic long session_tid;   /* thread holding a session (0: none) */
+    int session_depth;
+    int session_saved_ok;
+    cpu_set_t session_saved;    /* the session holder's affinity before it entered */
 };
 
 static long g4_gettid(void) { return (long)syscall(SYS_gettid); }
@@ -125,6 +132,16 @@ g4_pool *g4_pool_create(int n_threads, const int *cpus, int spin_us, char *msg, 
         }
     }
     p->caller_tid = -1;
+    p->n_groups = 1;
+    p->group_first = malloc(sizeof(int) * 2);
+    p->group_of = calloc((size_t)n_threads, sizeof(int));
+    if (!p->group_first || !p->group_of) {
+        snprintf(msg, msg_len, "out of memory");
+        free(p->group_first); free(p->group_of); free(p->cpus); free(p->workers); free(p);
+        return NULL;
+    }
+    p->group_first[0] = 0;
+    p->group_first[1] = n_threads;
     for (int i = 0; i < n_threads; i++) {
         p->workers[i].pool = p;
         p->workers[i].ith = i;
@@ -152,6 +169,8 @@ void g4_pool_destroy(g4_pool *p) {
     futex_wake_all(&p->gen);
     for (int i = 1; i < p->n; i++) pthread_join(p->workers[i].thread, NULL);
     free(p->scratch);
+    free(p->group_first);
+    free(p->group_of);
     free(p->cpus);
     free(p->workers);
     free(p);
@@ -166,22 +185,88 @@ long g4_pool_tid(const g4_pool *p, int i) {
 
 void g4_pool_run(g4_pool *p, g4_task_fn fn, void *ctx) {
     const long me = g4_gettid();
-    if (me != p->caller_tid) {
-        if (p->cpus) pin_self(p->cpus[0]);
-        p->caller_tid = me;
+    /* outside a session the caller is pinned for this run only and gets its affinity back */
+    cpu_set_t saved;
+    int restore = 0;
+    if (p->cpus && atomic_load_explicit(&p->session_tid, memory_order_relaxed) != me &&
+        sched_getaffinity(0, sizeof(saved), &saved) == 0 &&
+        !(CPU_COUNT(&saved) == 1 && CPU_ISSET(p->cpus[0], &saved))) {
+        pin_self(p->cpus[0]);
+        restore = 1;
     }
-    if (p->n == 1) { fn(ctx, 0, 1); return; }
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1);
-    if (atomic_load(&p->sleepers) != 0) futex_wake_all(&p->gen);
-    fn(ctx, 0, p->n);
-    unsigned it = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
-        G4_RELAX();
-        if ((++it & 4095u) == 0) sched_yield();
+    p->caller_tid = me;
+    if (p->n == 1) {
+        fn(ctx, 0, 1);
+    } else {
+        p->fn = fn;
+        p->ctx = ctx;
+        atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+        atomic_fetch_add(&p->gen, 1);
+        if (atomic_load(&p->sleepers) != 0) futex_wake_all(&p->gen);
+        fn(ctx, 0, p->n);
+        unsigned it = 0;
+        while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
+            G4_RELAX();
+            if ((++it & 4095u) == 0) sched_yield();
+        }
     }
+    if (restore) sched_setaffinity(0, sizeof(saved), &saved);
+}
+
+int g4_pool_enter(g4_pool *p) {
+    if (!p->cpus) return 1;
+    const long me = g4_gettid();
+    long owner = atomic_load(&p->session_tid);
+    if (owner == me) {
+        p->session_depth++;
+        return 1;
+    }
+    owner = 0;
+    if (!atomic_compare_exchange_strong(&p->session_tid, &owner, me)) return 0;
+    p->session_saved_ok = sched_getaffinity(0, sizeof(p->session_saved), &p->session_saved) == 0;
+    p->session_depth = 1;
+    pin_self(p->cpus[0]);
+    return 1;
+}
+
+void g4_pool_leave(g4_pool *p) {
+    if (!p->cpus || atomic_load(&p->session_tid) != g4_gettid()) return;
+    if (--p->session_depth > 0) return;
+    if (p->session_saved_ok) sched_setaffinity(0, sizeof(p->session_saved), &p->session_saved);
+    atomic_store(&p->session_tid, 0);
+}
+
+int g4_pool_set_groups(g4_pool *p, int n_groups, const int *first, char *msg, size_t msg_len) {
+    if (n_groups < 1 || n_groups > p->n || first[0] != 0 || first[n_groups] != p->n) {
+        snprintf(msg, msg_len, "%d groups over %d workers: bounds must run from 0 to %d", n_groups, p->n, p->n);
+        return -1;
+    }
+    for (int g = 0; g < n_groups; g++)
+        if (first[g + 1] <= first[g]) {
+            snprintf(msg, msg_len, "group %d is empty (bounds must increase)", g);
+            return -1;
+        }
+    int *gf = malloc(sizeof(int) * (size_t)(n_groups + 1));
+    if (!gf) { snprintf(msg, msg_len, "out of memory"); return -1; }
+    for (int g = 0; g <= n_groups; g++) gf[g] = first[g];
+    for (int g = 0; g < n_groups; g++)
+        for (int i = first[g]; i < first[g + 1]; i++) p->group_of[i] = g;
+    free(p->group_first);
+    p->group_first = gf;
+    p->n_groups = n_groups;
+    return 0;
+}
+
+int g4_pool_n_groups(const g4_pool *p) { return p->n_groups; }
+int g4_pool_group_first(const g4_pool *p, int g) {
+    return (g >= 0 && g <= p->n_groups) ? p->group_first[g] : -1;
+}
+
+void g4_pool_group_of(const g4_pool *p, int ith, int *group, int *local, int *count) {
+    const int g = p->group_of[ith];
+    *group = g;
+    *local = ith - p->group_first[g];
+    *count = p->group_first[g + 1] - p->group_first[g];
 }
 
 void *g4_pool_scratch(g4_pool *p, size_t bytes) {

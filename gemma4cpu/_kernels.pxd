@@ -12,6 +12,12 @@ cdef extern from "g4_pool.h" nogil:
     long g4_pool_tid(const g4_pool *p, int i)
     void g4_pool_run(g4_pool *p, g4_task_fn fn, void *ctx)
     void *g4_pool_scratch(g4_pool *p, size_t nbytes)
+    int g4_pool_enter(g4_pool *p)
+    void g4_pool_leave(g4_pool *p)
+    int g4_pool_set_groups(g4_pool *p, int n_groups, const int *first, char *msg, size_t msg_len)
+    int g4_pool_n_groups(const g4_pool *p)
+    int g4_pool_group_first(const g4_pool *p, int g)
+    void g4_pool_group_of(const g4_pool *p, int ith, int *group, int *local, int *count)
 
 cdef extern from "g4_kernels.h" nogil:
     ctypedef enum g4_isa:
@@ -55,4 +61,8 @@ cdef extern from "g4_kernels.h" nogil:
     int g4_matmul(g4_pool *pool, int ggml_type, const void *w, size_t w_row_bytes, int64_t n_rows,
                   const float *x, int64_t ldx, int64_t n_tok, int64_t k, float *y, int64_t ldy,
                   int64_t r0, int64_t r1, char *msg, size_t msg_len)
+    int g4_matmul_split(g4_pool *pool, int ggml_type, const void *w, size_t w_row_bytes, int64_t n_rows,
+                        const float *x, int64_t ldx, int64_t n_tok, int64_t k, float *y, int64_t ldy,
+                        int64_t r0, int64_t r1, const int64_t *split, int n_split, const void *const *w_group,
+                        char *msg, size_t msg_len)
 

@@ -145,9 +145,63 @@ def gemm_rows(int ggml_type, const uint8_t[:, ::1] w, int64_t k, const uint8_t[:
         fn(&w[0, 0], w.shape[1], &xa[0, 0], xa.shape[1], &y[0, 0], y.shape[1], n_tok, k, r0, r1)
 
 
+cdef class RowPlacement:
+    """Rows of one weight matrix placed per pool group (NUMA distribute / mirror; csrc/g4_kernels.h
+    g4_matmul_split): group g computes rows [bounds[g], bounds[g+1]), reading them from copies[g]
+    ((n_rows, row_bytes) uint8, e.g. a copy on group g's node) or, without copies, from the matrix
+    given to Pool.matmul. Built once per matrix at load; matmul takes it with no per-call cost."""
+    cdef int64_t *split
+    cdef const void **wg
+    cdef readonly int n_groups
+    cdef readonly tuple bounds
+    cdef readonly tuple copies
+    cdef readonly int64_t row_bytes
+
+    def __cinit__(self, bounds, copies=None):
+        cdef const uint8_t[:, ::1] mv
+        cdef int g
+        b = tuple(int(v) for v in bounds)
+        cdef int64_t n_rows = b[len(b) - 1] if len(b) else 0  # (wraparound is off: no b[-1])
+        if len(b) < 2 or b[0] != 0 or any(b[i + 1] < b[i] for i in range(len(b) - 1)):
+            raise ValueError(f"row bounds must start at 0 and not decrease, got {list(b)}")
+        self.bounds = b
+        self.n_groups = len(b) - 1
+        self.row_bytes = -1
+        self.split = <int64_t *>malloc(sizeof(int64_t) * len(b))
+        if self.split == NULL:
+            raise MemoryError()
+        for g in range(len(b)):
+            self.split[g] = b[g]
+        self.copies = ()
+        if copies is not None:
+            copies = tuple(copies)
+            if len(copies) != self.n_groups:
+                raise ValueError(f"{self.n_groups} groups need {self.n_groups} copies, got {len(copies)}")
+            self.wg = <const void **>malloc(sizeof(void *) * self.n_groups)
+            if self.wg == NULL:
+                raise MemoryError()
+            for g in range(self.n_groups):
+                mv = copies[g]
+                if mv.shape[0] != n_rows or (self.row_bytes >= 0 and mv.shape[1] != self.row_bytes):
+                    raise ValueError(f"copy {g} is ({mv.shape[0]}, {mv.shape[1]}), expected ({n_rows}, rows of "
+                                     f"one length)")
+                self.row_bytes = mv.shape[1]
+                self.wg[g] = &mv[0, 0]
+            self.copies = copies  # keeps the buffers alive
+
+    def __dealloc__(self):
+        free(self.split)
+        free(self.wg)
+
+    @property
+    def n_rows(self):
+        return self.bounds[self.n_groups]
+
+
 cdef class Pool:
-    """Persistent pinned worker pool. Worker 0 is the calling thread (pinned to cpus[0] the
-    first time a thread runs work on it). One C call per whole operation."""
+    """Persistent pinned worker pool. Worker 0 is the calling thread: pinned to cpus[0] while it
+    runs work (its affinity is given back after each call), or for a whole `with pool.pinned():`
+    block. One C call per whole operation."""
     cdef g4_pool *p
     cdef object lock
     cdef readonly tuple cpus
@@ -194,20 +248,64 @@ cdef class Pool:
     def size(self):
         return g4_pool_size(self._get())
 
+    def pinned(self):
+        """Context manager: hold the calling thread on cpus[0] for the whole block (one pair of
+        affinity calls instead of three per operation); its affinity is restored on exit. Only one
+        thread holds it at a time: others still get correct, per-call pinning."""
+        return _PinSession(self)
+
+    def set_groups(self, first):
+        """Split the workers into contiguous groups (one per NUMA node): group g = workers
+        [first[g], first[g+1]), first[0] = 0 and first[-1] = size."""
+        cdef g4_pool *p = self._get()
+        cdef char msg[256]
+        cdef int *f
+        cdef int i, rc = 0
+        first = [int(v) for v in first]
+        if len(first) < 2:
+            raise ValueError(f"group bounds need at least two entries, got {first}")
+        f = <int *>malloc(sizeof(int) * len(first))
+        if f == NULL:
+            raise MemoryError()
+        for i in range(len(first)):
+            f[i] = first[i]
+        with self.lock:
+            rc = g4_pool_set_groups(p, len(first) - 1, f, msg, sizeof(msg))
+        free(f)
+        if rc != 0:
+            raise ValueError(msg.decode())
+
+    @property
+    def groups(self):
+        """Worker bounds of the groups: (0, ..., size); one group = (0, size)."""
+        cdef g4_pool *p = self._get()
+        return tuple(g4_pool_group_first(p, g) for g in range(g4_pool_n_groups(p) + 1))
+
     def pin_plan(self):
         """[(worker, cpu or -1, linux tid or -1)]: worker 0's tid is the last calling thread."""
         cdef g4_pool *p = self._get()
         return [(i, g4_pool_cpu(p, i), g4_pool_tid(p, i)) for i in range(g4_pool_size(p))]
 
     def matmul(self, int ggml_type, const uint8_t[:, ::1] w, int64_t k, const float[:, ::1] x,
-               float[:, ::1] y, int64_t r0=0, int64_t r1=-1):
+               float[:, ::1] y, int64_t r0=0, int64_t r1=-1, RowPlacement placement=None):
         """y[t, r0:r1] = W[r0:r1] . x[t]: w (n_rows, row_bytes) raw GGUF rows of k elements,
-        x (n_tok, >= k) float32, y (n_tok, >= n_rows) float32."""
+        x (n_tok, >= k) float32, y (n_tok, >= n_rows) float32. placement: rows per worker group
+        (RowPlacement; its group count must be the pool's)."""
         cdef g4_pool *p = self._get()
         cdef char msg[256]
         cdef int64_t n_rows = w.shape[0], n_tok = x.shape[0]
         cdef int rc
+        cdef const int64_t *split = NULL
+        cdef const void **wg = NULL
+        cdef int n_split = 0
         msg[0] = 0
+        if placement is not None:
+            if placement.n_rows != n_rows:
+                raise ValueError(f"placement is for {placement.n_rows} rows, the matrix has {n_rows}")
+            if placement.wg != NULL and placement.row_bytes != w.shape[1]:
+                raise ValueError(f"placement copies have rows of {placement.row_bytes} bytes, the matrix "
+                                 f"{w.shape[1]}")
+            split, wg, n_split = placement.split, placement.wg, placement.n_groups
         if r1 < 0:
             r1 = n_rows
         if y.shape[0] != n_tok:
@@ -218,10 +316,26 @@ cdef class Pool:
             return
         with self.lock:
             with nogil:
-                rc = g4_matmul(p, ggml_type, &w[0, 0], w.shape[1], n_rows, &x[0, 0], x.shape[1], n_tok, k,
-                               &y[0, 0], y.shape[1], r0, r1, msg, sizeof(msg))
+                rc = g4_matmul_split(p, ggml_type, &w[0, 0], w.shape[1], n_rows, &x[0, 0], x.shape[1], n_tok,
+                                     k, &y[0, 0], y.shape[1], r0, r1, split, n_split, wg, msg, sizeof(msg))
         if rc != 0:
             raise ValueError(msg.decode())
+cdef class _PinSession:
+    cdef Pool pool
+
+    def __cinit__(self, Pool pool):
+        self.pool = pool
+
+    def __enter__(self):
+        g4_pool_enter(self.pool._get())
+        return self.pool
+
+    def __exit__(self, *exc):
+        if self.pool.p != NULL:
+            g4_pool_leave(self.pool.p)
+        return False
+
+
 include "_attn.pxi"
 include "_ops.pxi"
 include "_tok.pxi"

@@ -314,6 +314,11 @@ class Assistant:
         return logits, h_next[0]
 
     def draft(self, tok: int, h: np.ndarray, pos: int, k: int, p_min: float = 0.0) -> list[int]:
+        """draft_tokens with the calling thread held on the pool's first CPU for all k steps."""
+        with self.target.pool.pinned():
+            return self.draft_tokens(tok, h, pos, k, p_min)
+
+    def draft_tokens(self, tok: int, h: np.ndarray, pos: int, k: int, p_min: float = 0.0) -> list[int]:
         """Up to k greedy draft tokens for the position after `tok` (at `pos`, not yet in the target
         cache; h = the target's post-norm hidden of the row that produced tok). All steps use
         position pos (spec 4.2). With p_min > 0, drafting stops at the first token whose probability

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from gemma4cpu import _kernels
-from gemma4cpu._kernels import Pool  # noqa: F401  (re-exported)
+from gemma4cpu._kernels import Pool, RowPlacement  # noqa: F401  (re-exported)
 
 TYPE_IDS = dict(_kernels.TYPE_IDS)
 TYPE_NAMES = {v: k for k, v in TYPE_IDS.items()}
@@ -81,13 +81,14 @@ def gemm_rows(t, w: np.ndarray, k: int, xa: np.ndarray, y: np.ndarray, r0: int =
 
 
 def matmul(pool: Pool, t, w: np.ndarray, k: int, x: np.ndarray, out: np.ndarray | None = None,
-           r0: int = 0, r1: int | None = None) -> np.ndarray:
+           r0: int = 0, r1: int | None = None, placement: RowPlacement | None = None) -> np.ndarray:
     """y = x @ W.T over the pool: w raw rows (n_rows, row_bytes), x (n_tok, k) float32 ->
-    y (n_tok, n_rows) float32. Activations are quantised inside the call as the type requires."""
+    y (n_tok, n_rows) float32. Activations are quantised inside the call as the type requires.
+    placement: which worker group computes which rows, from which copy (NUMA; gemma4cpu.numa)."""
     tid = type_id(t)
     w = as_rows(w, tid, k)
     x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float32)
     if out is None:
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
-    pool.matmul(tid, w, k, x, out, r0, w.shape[0] if r1 is None else r1)
+    pool.matmul(tid, w, k, x, out, r0, w.shape[0] if r1 is None else r1, placement)
     return out

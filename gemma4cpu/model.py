@@ -211,6 +211,12 @@ class Model:
                                     cfg.n_head, scale=cfg.attn_scale, window=window)
 
     def forward(self, tokens, logits_for: str = "last") -> tuple[np.ndarray, np.ndarray]:
+        """Append `tokens` at positions cache.n .. cache.n + n - 1 (see _forward); the calling
+        thread holds the pool's first CPU for the call (one pair of affinity calls per forward)."""
+        with self.pool.pinned():
+            return self._forward(tokens, logits_for)
+
+    def _forward(self, tokens, logits_for: str = "last") -> tuple[np.ndarray, np.ndarray]:
         """Append `tokens` at positions cache.n .. cache.n + n - 1. Returns (logits, hidden):
         logits (m, V) for the last row ('last') or every row ('all'); hidden (n, D) post-final-norm.
         If the call fails or is interrupted part-way, the cache is rolled back to where it was."""
