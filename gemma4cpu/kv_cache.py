@@ -19,6 +19,15 @@ highest end - n_slots any append reached), so truncate(n) is allowed iff n == 0 
 lost <= max(0, n - window + 1);
 with the sizing above that always holds for n >= len - max_draft - 1 (a verify batch of
 k <= max_draft drafts: keep P + n_accepted + 1 of P + k + 1).
+
+Two ways past that limit (for prefix reuse in multi-turn chats, gemma4cpu.engine):
+  swa_full=True   sliding layers hold n_ctx slots (llama.cpp's --swa-full): any truncate works,
+                  at the memory of full attention;
+  snapshot()      copies the rings (the slots in use, positions, lengths) at the current length c;
+                  restore(snap, n) puts them back and truncates to n, allowed iff every ring's
+                  lost-at-c <= max(0, n - window + 1) and n <= the full layers' length. The caller
+                  must know that positions [0, n) of the full layers still hold the tokens the
+                  snapshot was taken with (Engine checks the token prefixes).
 """
 from __future__ import annotations
 
@@ -63,11 +72,23 @@ def flash_attention(pool, q: np.ndarray, q_pos, k: np.ndarray, v: np.ndarray, kv
     return out
 
 
+@dataclass
+class RingSnapshot:
+    """KVCache.snapshot(): n = the cache length then; layers = {layer: (k, v, pos, len, lost)}."""
+    n: int
+    layers: dict
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes + p.nbytes for k, v, p, _, _ in self.layers.values())
+
+
 class KVCache:
     """K/V rows of every producing layer by absolute position; see the module docstring."""
 
     def __init__(self, layers: Sequence[LayerSpec], n_ctx: int, max_draft: int = 0, max_batch: int | None = None,
-                 type_k: str = "f16", type_v: str = "f16", kv_source: Sequence[int] | None = None):
+                 type_k: str = "f16", type_v: str = "f16", kv_source: Sequence[int] | None = None,
+                 swa_full: bool = False):
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
         if max_draft < 0:
@@ -86,23 +107,26 @@ class KVCache:
         for il, s in enumerate(self.specs):
             if s.window < 0:
                 raise ValueError(f"layer {il}: window must be >= 0, got {s.window}")
-            ns = self.n_ctx if s.window == 0 else min(self.n_ctx, s.window + max(self.max_draft, max_batch - 1))
+            ns = self.n_ctx if s.window == 0 or swa_full else \
+                min(self.n_ctx, s.window + max(self.max_draft, max_batch - 1))
             kb = _kernels.kv_slot_bytes(self._tk, s.n_head_kv, s.head_dim)
             vb = _kernels.kv_slot_bytes(self._tv, s.n_head_kv, s.head_dim)
             self.k.append(np.zeros((ns, kb), np.uint8))
             self.v.append(np.zeros((ns, vb), np.uint8))
             self.pos.append(np.full(ns, -1, np.int32))
             self.n_slots.append(ns)
+        self.swa_full = bool(swa_full)
         self._len = [0] * len(self.specs)   # next position of each layer
         self._lost = [0] * len(self.specs)  # positions below this are no longer held (rings)
 
     @classmethod
     def from_config(cls, cfg, n_ctx: int, max_draft: int = 0, max_batch: int | None = None,
-                    type_k: str = "f16", type_v: str = "f16") -> "KVCache":
+                    type_k: str = "f16", type_v: str = "f16", swa_full: bool = False) -> "KVCache":
         """Layers [0, cfg.n_layer_kv) own a cache; every model layer reads cfg.kv_source[il]."""
         specs = [LayerSpec(cfg.n_head_kv[il], cfg.head_dim[il], cfg.sliding_window if cfg.is_swa[il] else 0)
                  for il in range(cfg.n_layer_kv)]
-        return cls(specs, n_ctx, max_draft, max_batch, type_k, type_v, kv_source=cfg.kv_source)
+        return cls(specs, n_ctx, max_draft, max_batch, type_k, type_v, kv_source=cfg.kv_source,
+                   swa_full=swa_full)
 
     # ---- state ------------------------------------------------------------------------------
     @property
@@ -180,6 +204,43 @@ class KVCache:
             p[p >= n] = -1
             self._len[il] = n
             self._lost[il] = min(self._lost[il], n)  # truncate(0) after a wrap is a reset
+
+    # ---- ring snapshots (prefix reuse beyond the rollback limit) ------------------------------
+    def ring_layers(self) -> list[int]:
+        """The producing layers whose ring can lose positions (sliding, fewer slots than n_ctx)."""
+        return [il for il, s in enumerate(self.specs) if s.window and self.n_slots[il] < self.n_ctx]
+
+    def snapshot(self) -> "RingSnapshot":
+        """Copy of every ring at the current length (only the slots in use)."""
+        layers = {}
+        for il in self.ring_layers():
+            used = self.n_slots[il] if self._lost[il] > 0 else self._len[il]
+            layers[il] = (self.k[il][:used].copy(), self.v[il][:used].copy(), self.pos[il].copy(),
+                          self._len[il], self._lost[il])
+        return RingSnapshot(self.n, layers)
+
+    def can_restore(self, snap: "RingSnapshot", n: int) -> bool:
+        """Whether restore(snap, n) is allowed (see the module docstring)."""
+        if not 0 <= n <= snap.n:
+            return False
+        full_len = min((self._len[il] for il in range(len(self.specs)) if il not in snap.layers), default=snap.n)
+        if n > full_len:
+            return False
+        return n == 0 or all(lost <= max(0, n - self.specs[il].window + 1)
+                             for il, (_, _, _, _, lost) in snap.layers.items())
+
+    def restore(self, snap: "RingSnapshot", n: int):
+        """Put the rings back as they were at snap.n, then truncate every layer to n."""
+        if not self.can_restore(snap, n):
+            raise ValueError(f"cannot restore the ring snapshot taken at {snap.n} positions and truncate to {n} "
+                             f"(cache at {self.n} positions)")
+        for il, (k, v, pos, ln, lost) in snap.layers.items():
+            used = k.shape[0]
+            self.k[il][:used] = k
+            self.v[il][:used] = v
+            self.pos[il][:] = pos
+            self._len[il], self._lost[il] = ln, lost
+        self.truncate(n)
 
     def reset(self):
         for il in range(len(self.specs)):
