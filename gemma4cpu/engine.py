@@ -136,6 +136,8 @@ class _StopMatcher:
 class Engine:
     def __init__(self, model_path: str | os.PathLike | None = None, draft=None,
                  threads: int | None = None, n_ctx: int = 4096, cpus: list[int] | None = None,
+                 threads_batch: int | None = None, numa: str = "auto", numa_nodes: list[int] | None = None,
+                 smt: bool = False, mmap: bool = True, mlock: bool = False, thp: bool = False,
                  cache_type_k: str = "f16", cache_type_v: str = "f16", max_batch: int = 256,
                  progress: bool = True, spec_type: str | None = None, draft_max: int = 3,
                  draft_min: int = 0, draft_p_min: float = 0.0, spec_autotune: bool = False):
@@ -152,6 +154,8 @@ class Engine:
             raise FileNotFoundError(f"draft model file not found: {draft}")
         self.model_path = str(model_path) if model_path is not None else default_model_path()
         self.model = Model(self.model_path, n_ctx=n_ctx, threads=threads, cpus=cpus,
+                           threads_batch=threads_batch, numa=numa, numa_nodes=numa_nodes, smt=smt, mmap=mmap,
+                           mlock=mlock, thp=thp,    # threads and placement: gemma4cpu.numa / placement
                            cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_batch=max_batch,
                            max_draft=spec.MAX_DRAFT, progress=progress)
         self.tokenizer = Tokenizer(self.model.file.kv)

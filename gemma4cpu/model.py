@@ -22,6 +22,7 @@ import numpy as np
 
 from gemma4cpu import _kernels
 from gemma4cpu import kernels as K
+from gemma4cpu import placement
 from gemma4cpu.config import ModelConfig
 from gemma4cpu.gguf_io import GGUFFile
 from gemma4cpu.kv_cache import KVCache, kv_type_id
@@ -128,6 +129,8 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, threads: int | None = None,
                  cpus: list[int] | None = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
+                 threads_batch: int | None = None, numa: str = "auto", numa_nodes: list[int] | None = None,
+                 smt: bool = False, mmap: bool = True, mlock: bool = False, thp: bool = False, topology=None,
                  max_draft: int = 16, max_batch: int = 256, progress: bool = True):
         """progress: print stage messages on stderr if loading takes more than a second."""
         if n_ctx < 1:
@@ -144,7 +147,13 @@ class Model:
             pr.stage = f"mapping the weights of {self.cfg.n_layer} layers"
             self.w = load_weights(self.file, self.cfg)
             self.n_ctx = n_ctx
-            self.pool = _make_pool(threads, cpus)
+            pr.stage = f"placing threads and weights (numa {numa})"
+            # threads, pools and weight pages by the NUMA plan (gemma4cpu.numa, gemma4cpu.placement):
+            # pool serves one-token calls, pool_batch (-tb) the others; warnings as NumaWarning
+            self.numa = placement.setup(self.file, self.w, threads, cpus, threads_batch, numa, numa_nodes, smt,
+                                        mmap, mlock, thp, topology)
+            self.numa_plan, self.pool, self.pool_batch = self.numa.plan, self.numa.pool, self.numa.pool_batch
+            self._pool = self.pool  # the pool of the call in progress (forward picks it)
             self.max_batch = int(max_batch)
             pr.stage = f"allocating the KV cache for {n_ctx} positions"
             try:
@@ -154,13 +163,14 @@ class Model:
                 raise MemoryError(f"not enough memory for a KV cache of {n_ctx} positions "
                                   f"({cache_type_k}/{cache_type_v}): {e}; lower n_ctx (-c) or use a "
                                   "quantized cache type (q8_0, q4_0)") from None
+            self.numa.place_kv(self.cache)
             summary = (f"{self.cfg.arch}, {self.cfg.n_layer} layers, {self.w.n_bytes / 2**30:.2f} GiB weights, "
                        f"KV cache {self.cache.nbytes / 2**20:.0f} MiB ({cache_type_k}/{cache_type_v})")
         finally:
             pr.done(summary)
 
     def _mm(self, m: Mat, x: np.ndarray) -> np.ndarray:
-        return K.matmul(self.pool, m.type_id, m.rows, m.n_in, x)
+        return K.matmul(self._pool, m.type_id, m.rows, m.n_in, x, placement=m.placement)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         rows = np.ascontiguousarray(self.w.token_embd.rows[tokens])
@@ -207,13 +217,14 @@ class Model:
         Each query row is computed on its own (batch-invariant), as speculative decoding needs."""
         cfg = self.cfg
         window = cfg.sliding_window if cfg.is_swa[il] else 0
-        return self.cache.attention(self.pool, il, q.reshape(q.shape[0], -1), pos.astype(np.int32),
+        return self.cache.attention(self._pool, il, q.reshape(q.shape[0], -1), pos.astype(np.int32),
                                     cfg.n_head, scale=cfg.attn_scale, window=window)
 
     def forward(self, tokens, logits_for: str = "last") -> tuple[np.ndarray, np.ndarray]:
-        """Append `tokens` at positions cache.n .. cache.n + n - 1 (see _forward); the calling
-        thread holds the pool's first CPU for the call (one pair of affinity calls per forward)."""
-        with self.pool.pinned():
+        """Append `tokens` at positions cache.n .. cache.n + n - 1 (see _forward). One token runs on
+        `pool`, more on `pool_batch`; the calling thread holds the pool's first CPU for the call."""
+        self._pool = self.pool if np.size(tokens) == 1 else self.pool_batch
+        with self._pool.pinned():
             return self._forward(tokens, logits_for)
 
     def _forward(self, tokens, logits_for: str = "last") -> tuple[np.ndarray, np.ndarray]:

@@ -7,6 +7,7 @@ Every tensor's type and shape is checked against the config before use.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,7 @@ class Mat:
     rows: np.ndarray
     n_in: int
     n_out: int
+    placement: Any = None  # kernels.RowPlacement: rows per NUMA node (gemma4cpu.placement), None = plain
 
     @staticmethod
     def of(t: Tensor, n_in: int, n_out: int) -> "Mat":
@@ -92,6 +94,19 @@ class ModelWeights:
     per_layer_token_embd: Mat | None = None  # (V rows of L*Dp)
     per_layer_model_proj: Mat | None = None  # D -> L*Dp
     per_layer_proj_norm: np.ndarray | None = None  # (Dp,)
+
+    def mats(self) -> list[Mat]:
+        """Every weight matrix once (the tied LM head is the embedding), in file order of use."""
+        out = [self.token_embd] + ([self.output] if self.output is not self.token_embd else [])
+        out += [m for m in (self.per_layer_token_embd, self.per_layer_model_proj) if m is not None]
+        for lw in self.layers:
+            out += [m for m in (lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate, lw.ffn_up,
+                                lw.ffn_down) if m is not None]
+            if lw.moe is not None:
+                out += [lw.moe.ffn_gate_inp] + list(lw.moe.gate_up) + list(lw.moe.down)
+            if lw.ple is not None:
+                out += [lw.ple.inp_gate, lw.ple.proj]
+        return out
 
     @property
     def n_bytes(self) -> int:

@@ -6,6 +6,10 @@
  * second barrier. One pass is timed by thread 0 from the first barrier to the second, so a
  * pass takes as long as its slowest thread. GB/s of each pass (1e9 bytes) go to out_gbs.
  *
+ * g4bw_measure_node() does the same with the whole buffer bound to one memory node (mbind
+ * MPOL_BIND before the first touch), for the node-to-node matrix: threads on node i reading
+ * memory of node j.
+ *
  * The read loop uses 256-bit integer adds on four independent accumulators when compiled with
  * -mavx2 (the Python side does that only on CPUs with AVX2), so a pass is limited by memory,
  * not by instruction throughput; without AVX2 it is a scalar 64-bit loop with four
@@ -20,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -124,8 +129,17 @@ static void *worker(void *argp) {
 /* Returns 0 on success, else an errno-style code with msg filled. out_gbs gets `runs` values
  * (the `warmup` passes before them are not reported). bytes is rounded down to a multiple of
  * 4096 * n_threads. cpus may be NULL (no pinning). */
+int g4bw_measure_node(int n_threads, const int *cpus, size_t bytes, int mem_node, int warmup, int runs,
+                      double *out_gbs, int *out_pin_errors, char *msg, size_t msg_len);
+
 int g4bw_measure(int n_threads, const int *cpus, size_t bytes, int warmup, int runs,
                  double *out_gbs, int *out_pin_errors, char *msg, size_t msg_len) {
+    return g4bw_measure_node(n_threads, cpus, bytes, -1, warmup, runs, out_gbs, out_pin_errors, msg, msg_len);
+}
+
+/* mem_node >= 0: the buffer's pages are all allocated on that node (MPOL_BIND), else first touch. */
+int g4bw_measure_node(int n_threads, const int *cpus, size_t bytes, int mem_node, int warmup, int runs,
+                      double *out_gbs, int *out_pin_errors, char *msg, size_t msg_len) {
     if (n_threads < 1 || runs < 1 || warmup < 0) {
         snprintf(msg, msg_len, "bad arguments: threads=%d runs=%d warmup=%d", n_threads, runs, warmup);
         return EINVAL;
@@ -144,6 +158,26 @@ int g4bw_measure(int n_threads, const int *cpus, size_t bytes, int warmup, int r
 #ifdef MADV_HUGEPAGE
     madvise(mem, total, MADV_HUGEPAGE); /* fewer TLB misses; harmless if THP is off */
 #endif
+    if (mem_node >= 0) {
+#ifdef SYS_mbind
+        unsigned long mask[16] = {0};
+        if (mem_node >= 1024) {
+            snprintf(msg, msg_len, "node %d out of range", mem_node);
+            munmap(mem, total);
+            return EINVAL;
+        }
+        mask[mem_node / 64] = 1ul << (mem_node % 64);
+        if (syscall(SYS_mbind, mem, total, 2 /* MPOL_BIND */, mask, 1025ul, 0u) != 0) {
+            snprintf(msg, msg_len, "mbind to node %d failed: %s", mem_node, strerror(errno));
+            munmap(mem, total);
+            return errno;
+        }
+#else
+        snprintf(msg, msg_len, "no mbind system call on this platform");
+        munmap(mem, total);
+        return ENOSYS;
+#endif
+    }
     g4bw_ctx c;
     memset(&c, 0, sizeof(c));
     c.n_threads = n_threads;

@@ -2,6 +2,7 @@
 
     python -m tools.numa.bandwidth                  # 2 GiB, 1..N threads on the allowed CPUs
     python -m tools.numa.bandwidth --cpus 0-1 --gib 4 --runs 7 --json bw.json
+    python -m tools.numa.bandwidth --matrix         # per node and node to node (NUMA machines)
 
 The C side (bandwidth.c, next to this file) is compiled on first use with the system C
 compiler (`cc`, or $CC) into a cache directory ($GEMMA4CPU_CACHE, else
@@ -11,6 +12,11 @@ needed. It is built with -O2 -mavx2 only when this CPU reports AVX2, scalar othe
 Thread t of a measurement with T threads is pinned to cpus[t]; each thread first-touches and
 then read-sums its own 1/T of the buffer. The result of one thread count is the median of
 `runs` passes (after `warmup` untimed passes).
+
+--matrix: for every node i with allowed CPUs, its physical cores (or --threads per node) read a
+buffer bound to node j (mbind before the first touch), for every allowed memory node j: the
+node-to-node matrix. Then every node's threads at once, each on its own node's memory (first
+touch): the machine's local read bandwidth, printed beside the sum of the per-node local figures.
 
 Bench scripts import `measure_read_bandwidth(threads, cpus, gib)`.
 """
@@ -34,9 +40,8 @@ from gemma4cpu.cpulist import parse_cpu_list  # noqa: E402  (one parser for CLI,
 _SRC = Path(__file__).with_name("bandwidth.c")
 GIB = 1 << 30
 
-# The process's allowed CPUs as seen at import. A gemma4cpu Pool pins the *calling* thread to
-# its cpus[0], after which os.sched_getaffinity(0) of that thread shrinks to one CPU, so the
-# default CPU list is taken before anything can do that (import this module early).
+# The process's allowed CPUs as seen at import (a gemma4cpu Pool gives the calling thread its
+# affinity back after each call, but a `with pool.pinned():` block narrows it while it lasts).
 ALLOWED_CPUS_AT_IMPORT: tuple[int, ...] = tuple(sorted(os.sched_getaffinity(0))) if hasattr(
     os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
 
@@ -98,6 +103,10 @@ def _load():
         lib.g4bw_measure.argtypes = [
             ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
             ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t]
+        lib.g4bw_measure_node.restype = ctypes.c_int
+        lib.g4bw_measure_node.argtypes = [
+            ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+            ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t]
         _lib = lib
     return _lib
 
@@ -107,9 +116,11 @@ def probe_kind() -> str:
     return _load().g4bw_kind().decode()
 
 
-def measure_runs(threads: int, cpus=None, gib: float = 2.0, runs: int = 5, warmup: int = 1) -> list[float]:
+def measure_runs(threads: int, cpus=None, gib: float = 2.0, runs: int = 5, warmup: int = 1,
+                 mem_node: int | None = None) -> list[float]:
     """GB/s of each of `runs` timed passes over a `gib` GiB buffer read by `threads` threads,
-    thread t pinned to cpus[t] (default: the CPUs allowed at import, in order)."""
+    thread t pinned to cpus[t] (default: the CPUs allowed at import, in order). mem_node: the
+    whole buffer on that NUMA node (default: each thread's slice first-touched by it)."""
     cpus = list(ALLOWED_CPUS_AT_IMPORT if cpus is None else cpus)
     if threads < 1:
         raise ValueError("threads must be >= 1")
@@ -120,7 +131,8 @@ def measure_runs(threads: int, cpus=None, gib: float = 2.0, runs: int = 5, warmu
     out = (ctypes.c_double * runs)()
     pin_err = ctypes.c_int(0)
     msg = ctypes.create_string_buffer(256)
-    rc = lib.g4bw_measure(threads, c_cpus, int(gib * GIB), warmup, runs, out, ctypes.byref(pin_err), msg, 256)
+    rc = lib.g4bw_measure_node(threads, c_cpus, int(gib * GIB), -1 if mem_node is None else int(mem_node), warmup,
+                               runs, out, ctypes.byref(pin_err), msg, 256)
     if rc != 0:
         raise RuntimeError(f"bandwidth probe failed: {msg.value.decode()}")
     if pin_err.value:
@@ -146,6 +158,43 @@ def sweep(thread_counts, cpus=None, gib: float = 2.0, runs: int = 5, warmup: int
             "results": results}
 
 
+def node_matrix(topo=None, threads_per_node: int | None = None, gib: float = 2.0, runs: int = 5,
+                warmup: int = 1) -> dict:
+    """Read bandwidth from every node's cores to every allowed memory node, and of all nodes at once.
+    {'nodes', 'mem_nodes', 'cpus' {node: pinned CPUs}, 'matrix' [[GB/s of node i reading node j]],
+    'local_sum' (sum of the diagonal), 'all_local' (all nodes at once, each on its own memory)}."""
+    from gemma4cpu import numa
+    topo = topo or numa.read_topology("/")
+    cpu_nodes = [n for n in sorted(topo.nodes) if set(topo.nodes[n].cpus) & set(topo.allowed_cpus)]
+    mem_nodes = [n for n in sorted(topo.nodes) if n in topo.allowed_mems]
+    cpus = {}
+    for n in cpu_nodes:
+        p = numa.plan(topo, "isolate", nodes=[n], threads=threads_per_node)
+        cpus[n] = list(p.decode.cpus)
+    matrix = [[statistics.median(measure_runs(len(cpus[i]), cpus[i], gib, runs, warmup, mem_node=j))
+               for j in mem_nodes] for i in cpu_nodes]
+    diag = [matrix[a][mem_nodes.index(i)] for a, i in enumerate(cpu_nodes) if i in mem_nodes]
+    allc = [c for i in cpu_nodes for c in cpus[i]]
+    together = statistics.median(measure_runs(len(allc), allc, gib * len(cpu_nodes), runs, warmup))
+    return {"kind": probe_kind(), "gib": gib, "runs": runs, "nodes": cpu_nodes, "mem_nodes": mem_nodes,
+            "cpus": {str(k): v for k, v in cpus.items()}, "matrix": matrix, "local_sum": sum(diag),
+            "all_local": together}
+
+
+def print_matrix(res: dict, file=None):
+    file = file or sys.stdout
+    mn = res["mem_nodes"]
+    print(f"read bandwidth GB/s, node i's cores reading memory of node j ({res['gib']:g} GiB per buffer, "
+          f"{res['kind']} loads, median of {res['runs']}):", file=file)
+    print("| cores of \\ memory on | " + " | ".join(f"node {j}" for j in mn) + " |", file=file)
+    print("|---|" + "---:|" * len(mn), file=file)
+    for i, row in zip(res["nodes"], res["matrix"]):
+        print(f"| node {i} ({len(res['cpus'][str(i)])} threads) | " + " | ".join(f"{v:.1f}" for v in row) + " |",
+              file=file)
+    print(f"sum of the per-node local figures: {res['local_sum']:.1f} GB/s; every node at once on its own memory: "
+          f"{res['all_local']:.1f} GB/s", file=file)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.numa.bandwidth", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpus", default=None,
@@ -156,7 +205,22 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="timed passes per thread count (median; default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed passes first (default 1)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' = stdout only)")
+    ap.add_argument("--matrix", action="store_true",
+                    help="per node and node to node: node i's cores reading memory bound to node j, then all "
+                         "nodes at once (--threads: one count, per node)")
     a = ap.parse_args(argv)
+    if a.matrix:
+        tpn = parse_int_list(a.threads)[0] if a.threads else None
+        res = node_matrix(None, tpn, a.gib, a.runs, a.warmup)
+        if a.json == "-":
+            json.dump(res, sys.stdout, indent=2)
+            print()
+            return 0
+        print_matrix(res)
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=2) + "\n")
+            print(f"wrote {a.json}")
+        return 0
     cpus = parse_cpu_list(a.cpus) if a.cpus else list(ALLOWED_CPUS_AT_IMPORT)
     counts = parse_int_list(a.threads) if a.threads else list(range(1, len(cpus) + 1))
     if a.runs < 5:
