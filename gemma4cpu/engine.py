@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gemma4cpu import chat as chat_mod
+from gemma4cpu.kv_cache import KVCache
 from gemma4cpu.model import Model
 from gemma4cpu.sampling import Sampler, SamplingParams
 from gemma4cpu import speculative as spec
@@ -140,13 +141,26 @@ class Engine:
                  smt: bool = False, mmap: bool = True, mlock: bool = False, thp: bool = False,
                  cache_type_k: str = "f16", cache_type_v: str = "f16", max_batch: int = 256,
                  progress: bool = True, spec_type: str | None = None, draft_max: int = 3,
-                 draft_min: int = 0, draft_p_min: float = 0.0, spec_autotune: bool = False):
+                 draft_min: int = 0, draft_p_min: float = 0.0, spec_autotune: bool = False,
+                 ctx_checkpoints: int = 0, swa_full: bool = False):
         """draft: a Gemma 4 MTP assistant GGUF made for this target (or a speculative.Drafter);
         spec_type: 'mtp' (default when draft is given; llama.cpp's 'draft-mtp' too), 'ngram' or
         'none' (default otherwise); draft_max: drafts per round (1..16); draft_min: rounds with
         fewer proposals run without them; draft_p_min: the MTP drafter stops at a token whose
         probability is below this; spec_autotune: adapt the draft length to the measured
-        acceptance and costs, down to no drafting when it does not pay."""
+        acceptance and costs, down to no drafting when it does not pay.
+        ctx_checkpoints: keep up to this many copies of the sliding-window rings, taken at the end
+        of prompts, so that a prompt diverging from the cached sequence further back than a ring
+        can roll back (a re-tokenized or rewritten earlier answer in a multi-turn chat) resumes
+        from the nearest checkpoint instead of re-running the whole prompt (llama.cpp's
+        --ctx-checkpoints; each costs up to the rings' size, `checkpoint_bytes`). swa_full: the
+        sliding layers keep the whole context (llama.cpp's --swa-full): every prefix is reusable,
+        at the KV memory of full attention. Checkpoints change no output, bit for bit (a restored
+        ring holds the window in the same slots as a cold run); swa_full changes the slot order once
+        a ring would have wrapped, so attention sums in another order: equal within float noise,
+        not bit for bit (Q8_K activation rounding can amplify that into other sampled tokens)."""
+        if isinstance(ctx_checkpoints, bool) or not isinstance(ctx_checkpoints, int) or ctx_checkpoints < 0:
+            raise ValueError(f"ctx_checkpoints must be an integer >= 0, got {ctx_checkpoints!r}")
         self._spec_defaults = self._spec_options(spec_type if spec_type is not None else
                                                  ("mtp" if draft is not None else "none"),
                                                  draft_max, draft_min, draft_p_min, spec_autotune)
@@ -158,6 +172,15 @@ class Engine:
                            mlock=mlock, thp=thp,    # threads and placement: gemma4cpu.numa / placement
                            cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_batch=max_batch,
                            max_draft=spec.MAX_DRAFT, progress=progress)
+        if swa_full and self.model.cache.ring_layers():     # rebuild with full-size sliding layers
+            c = self.model.cache
+            self.model.cache = None
+            self.model.cache = KVCache.from_config(self.model.cfg, n_ctx, max_draft=c.max_draft,
+                                                   max_batch=c.max_batch, type_k=c.type_k, type_v=c.type_v,
+                                                   swa_full=True)
+            del c
+        self.ctx_checkpoints = ctx_checkpoints
+        self._ckpts: list[tuple[list[int], object]] = []   # (tokens [0, c), KVCache.RingSnapshot at c)
         self.tokenizer = Tokenizer(self.model.file.kv)
         if self.tokenizer.n_vocab != self.model.cfg.n_vocab:
             raise ValueError(f"{self.model_path}: the vocabulary has {self.tokenizer.n_vocab} tokens but the "
@@ -209,24 +232,50 @@ class Engine:
     def reset(self):
         self.model.cache.reset()
         self._seq = []
+        self._ckpts = []
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """Memory held by the ring checkpoints (ctx_checkpoints)."""
+        return sum(snap.nbytes for _, snap in self._ckpts)
+
+    @staticmethod
+    def _common(a, b) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n
 
     def _prefill(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray, int]:
         """Bring the cache to exactly `ids`; return (logits of the last position, its post-norm
         hidden state, reused count)."""
-        common = 0
-        for a, b in zip(self._seq, ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)       # the last prompt token must run to give logits
+        cache = self.model.cache
+        common = min(self._common(self._seq, ids), len(ids) - 1)  # the last prompt token must run
         try:
-            self.model.cache.truncate(common)
+            cache.truncate(common)
         except ValueError:                        # a sliding ring no longer holds that prefix
-            common = 0
-            self.model.cache.reset()
+            # the newest checkpoint that reaches furthest: its rings hold the window of n, and the
+            # full layers hold [0, n) because n <= common (they still hold self._seq there)
+            best = None
+            for toks, snap in reversed(self._ckpts):
+                n = min(common, self._common(toks, ids))
+                if (best is None or n > best[0]) and cache.can_restore(snap, n):
+                    best = (n, snap)
+            if best is not None:
+                common = best[0]
+                cache.restore(best[1], common)
+            else:
+                common = 0
+                cache.reset()
         self._seq = ids[:common]
         logits, hidden = self.model.forward(ids[common:], "last")
         self._seq = list(ids)
+        if self.ctx_checkpoints and cache.ring_layers():
+            if not self._ckpts or self._ckpts[-1][0] != self._seq:
+                self._ckpts.append((list(ids), cache.snapshot()))
+                del self._ckpts[:-self.ctx_checkpoints]
         return logits[0], hidden[-1], common
 
     def logits(self, ids) -> np.ndarray:
