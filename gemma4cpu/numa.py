@@ -19,7 +19,8 @@ warnings a user needs, and (`Plan.row_split`) how a matrix's rows are split over
   isolate     one node: its CPUs, its memory
   interleave  threads on every node; weight pages interleaved over the nodes
   mirror      threads on every node; a copy of the weights per node, each node reads its own
-  auto        distribute when the chosen CPUs span several nodes, else none (the default)
+  auto        distribute when the chosen CPUs span several nodes, else none (the default); with
+              fewer threads than nodes, the first nodes, one thread each (isolate for one thread)
 
 The memory side (mbind, move_pages, ...) is gemma4cpu.placement; this module only decides.
 """
@@ -477,6 +478,10 @@ def plan(topo: Topology, mode: str = "auto", threads: int | None = None, threads
     resolved = mode
     if mode == "auto":
         resolved = "distribute" if len(cand_nodes) > 1 else "none"
+        few = min([t for t in (threads, threads_batch) if t is not None], default=None)
+        if resolved == "distribute" and cpus is None and few is not None and few < len(cand_nodes):
+            cand_nodes = cand_nodes[:few]             # fewer threads than nodes: one node per thread
+            resolved = "distribute" if len(cand_nodes) > 1 else "isolate"
     if resolved in ("distribute", "mirror", "isolate"):
         lack = [n for n in cand_nodes if n not in topo.allowed_mems]
         keep = [n for n in cand_nodes if n in topo.allowed_mems]

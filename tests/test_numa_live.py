@@ -132,6 +132,29 @@ def test_model_pages_on_the_expected_node(gguf_path, mode, mmap_):
         assert all(not np.shares_memory(m.rows, f._map) for m in w.mats())
 
 
+@needs_syscalls
+def test_pages_left_on_the_wrong_node_are_reported(gguf_path, monkeypatch):
+    """When pages stay elsewhere (here: a move_pages that says every page is on another node and
+    cannot move, as for pages another process maps), the load warns and names the worst tensor."""
+    from gemma4cpu.config import ModelConfig
+    from gemma4cpu.gguf_io import GGUFFile
+    from gemma4cpu.weights import load_weights
+    other = MEMS[0] + 1
+    real = P.move_pages
+
+    def stuck(pages, nodes=None, flags=0):
+        real(pages)                                    # the real query still runs
+        return np.full(np.size(pages), -errno.EBUSY if nodes is not None else other, np.int32)
+
+    monkeypatch.setattr(P, "move_pages", stuck)
+    f = GGUFFile(gguf_path)
+    w = load_weights(f, ModelConfig.from_gguf(f))
+    rep = P.place_weights(f, w, numa.plan(TOPO, "isolate", threads=1), force=True)
+    assert rep.check.wrong == rep.check.pages > 0
+    msg = [x for x in rep.warnings if "weights on the wrong node after load" in x]
+    assert msg and f"pages per node {{{other}:" in msg[0] and f"expected {MEMS[0]}" in msg[0]
+
+
 def test_model_pins_workers_and_gives_the_caller_back(gguf_path):
     if len(ALLOWED) < 2:
         pytest.skip("needs two CPUs")
@@ -259,3 +282,17 @@ def test_cli_honours_cpus_and_prints_the_plan(gguf_path):
 def test_cli_refuses_bad_requests(gguf_path, args, match):
     r = _run("-m", gguf_path, "-n", "1", "-c", "16", *args)
     assert r.returncode != 0 and match in r.stderr, r.stderr
+
+
+@needs_syscalls
+def test_thp_and_mlock(gguf_path):
+    """--thp copies the weights into 2 MiB-aligned anonymous memory advised for huge pages (and says so
+    when none backs them); --mlock locks them or warns naming RLIMIT_MEMLOCK."""
+    m, warns = _model(gguf_path, numa="isolate", thp=True, mlock=True, threads=1)
+    rep = m.numa.report
+    assert not rep.mmap and rep.buffers and all(b.addr % P.HUGE == 0 for b in rep.buffers)
+    assert rep.huge_bytes is not None
+    assert rep.huge_bytes > 0 or any("--thp" in w for w in warns)
+    assert all("RLIMIT_MEMLOCK" in w for w in warns if "--mlock" in w)
+    ref, _ = _model(gguf_path, numa="none", threads=1)
+    np.testing.assert_array_equal(m.forward(IDS)[0], ref.forward(IDS)[0])

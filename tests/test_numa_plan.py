@@ -88,6 +88,15 @@ def test_epyc_few_threads_spread_over_nodes_and_ccds(epyc):
     assert p.nodes == (0,) and p.decode.cpus == (0, 1, 8, 9, 16, 17) and p.row_split(100) is None
 
 
+def test_epyc_auto_with_fewer_threads_than_nodes(epyc):
+    p = plan(epyc, threads=4)                           # auto: the first 4 nodes, one thread each
+    assert p.mode == "distribute" and p.decode.cpus == (0, 24, 48, 72) and p.nodes == (0, 1, 2, 3)
+    p = plan(epyc, threads=1)
+    assert p.mode == "isolate" and p.decode.cpus == (0,) and p.mem_nodes == (0,)
+    p = plan(epyc, threads=8, threads_batch=2)          # the smaller pool decides the nodes
+    assert p.nodes == (0, 1) and p.decode.group_first == (0, 4, 8) and p.batch.group_first == (0, 1, 2)
+
+
 def test_epyc_smt_only_when_asked_or_needed(epyc):
     p = plan(epyc, smt=True)
     assert p.decode.threads == 384 and set(p.decode.cpus) == set(range(384))
