@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "while it does not pay")
     p.add_argument("--no-echo", action="store_true", help="do not print the prompt before the output")
     p.add_argument("-q", "--quiet", action="store_true", help="no loading progress and no stats line")
+    from gemma4cpu import compat
+    compat.add_args(p)     # llama.cpp flags from guides: -b -ub --swa-full -fa --jinja -np -ngl ...
     return p
 
 
@@ -160,6 +162,13 @@ def main(argv=None) -> int:
     if not 0.0 <= a.draft_p_min <= 1.0:
         print(f"error: --draft-p-min must be in [0, 1], got {a.draft_p_min}", file=err)
         return 2
+    from gemma4cpu import compat
+    try:
+        ckw = compat.engine_kwargs(a, note=lambda m: print("note: " + m, file=err))
+    except ValueError as e:
+        print(f"error: {e}", file=err)
+        return 2
+    ckw.pop("mlock", None), ckw.pop("mmap", None)     # --mlock / --no-mmap: passed below
 
     from gemma4cpu.engine import Engine
     import warnings
@@ -172,7 +181,7 @@ def main(argv=None) -> int:
                          numa_nodes=numa_nodes, smt=a.smt, mmap=not a.no_mmap, mlock=a.mlock, thp=a.thp,
                          cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v, progress=not a.quiet,
                          spec_type=spec_type, draft_max=a.draft_max, draft_min=a.draft_min,
-                         draft_p_min=a.draft_p_min, spec_autotune=a.spec_autotune)
+                         draft_p_min=a.draft_p_min, spec_autotune=a.spec_autotune, **ckw)
     except KeyboardInterrupt:
         print("\ninterrupted while loading", file=err)
         return 130
