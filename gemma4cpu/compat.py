@@ -61,7 +61,7 @@ def add_args(p: argparse.ArgumentParser, ctx_checkpoints_default: int = 0) -> ar
     add("-ngl", "--n-gpu-layers", "--gpu-layers", dest="compat_ngl", default=None, metavar="N",
         help="accepted: a CPU engine has nothing to offload")
     for f in ("-cb", "--cont-batching", "-nocb", "--no-cont-batching", "--no-warmup", "--no-webui"):
-        add(f, dest="compat_noop", action="append_const", const=f, help=argparse.SUPPRESS)
+        add(f, dest="compat_noop", action="append_const", const=f, help="accepted: nothing to do here")
     return g
 
 
