@@ -118,7 +118,7 @@ def test_model_pages_on_the_expected_node(gguf_path, mode, mmap_):
     from gemma4cpu.weights import load_weights
     f = GGUFFile(gguf_path)
     w = load_weights(f, ModelConfig.from_gguf(f))
-    plan = numa.plan(TOPO, mode, threads=1)
+    plan = numa.plan(TOPO, mode)                   # (distribute needs a thread per node)
     rep = P.place_weights(f, w, plan, mmap=mmap_, force=True, sample=None)
     n_pages = sum(len(P._sample_pages(r, None)) for r in rep.ranges)
     if mode == "none":
@@ -209,7 +209,7 @@ def test_mirror_refused_when_memory_is_short(gguf_path, monkeypatch):
     monkeypatch.setattr(numa, "read_topology", small)
     from gemma4cpu.model import Model
     with pytest.raises(MemoryError, match=r"--numa mirror: a copy of the weights per node needs 0\.\d+ GiB on node"):
-        Model(gguf_path, n_ctx=8, progress=False, numa="mirror", threads=1)
+        Model(gguf_path, n_ctx=8, progress=False, numa="mirror")
 
 
 # ---- rows split per node: the same bits ----------------------------------------------------------
