@@ -179,3 +179,13 @@ def test_ray_two_node_cluster_matches_single_process(eng, tmp_path):
     assert [x["line"] for x in recs] == [1, 2, 3, 4, 5] and "malformed" in recs[4]["error"]
     for x, prompt in zip(recs[:4], PROMPTS):
         assert x["tokens"] == eng.generate(prompt, max_tokens=6).tokens
+
+
+def test_speculative_items_carry_their_statistics(eng, tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    text = "one two three four one two three four one two"
+    _write(inp, [json.dumps({"prompt": text, "spec_type": "ngram", "draft_max": 2})])
+    batch.run_batch(str(inp), str(out), engine=eng, defaults={"max_tokens": 10}, progress=False)
+    r = _records(out)[0]
+    assert r["spec"]["kind"] == "ngram" and r["spec"]["draft_max"] == 2 and r["spec"]["drafted"] > 0
+    assert r["tokens"] == eng.generate(text, max_tokens=10).tokens          # exact: equal to plain greedy

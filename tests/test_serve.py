@@ -210,3 +210,38 @@ def test_too_long_prompt_and_unknown_route(server):
     status, js = _post(server, "/v1/nothing", b"{}")
     assert status == 404 and js["error"]["message"]
     assert _get(server, "/health")["status"] == "ok"          # still serving
+
+
+def test_speculative_server_with_an_mtp_assistant(tmp_path):
+    """-md: a tiny random Gemma 4 target + MTP assistant (token-id prompts): greedy output equals
+    plain decoding, and the timings carry the drafted / accepted counts."""
+    pytest.importorskip("torch")
+    from gemma4cpu.convert import convert
+    from gemma4cpu.ref import hf_tiny
+
+    hf_tiny.build("dense", tmp_path / "t", seed=0)
+    hf_tiny.build("assistant", tmp_path / "a", seed=0)
+    t = convert(tmp_path / "t", tmp_path / "t.gguf", "f32", quiet=True)
+    a = convert(tmp_path / "a", tmp_path / "a.gguf", "f32", quiet=True)
+    p = subprocess.Popen([sys.executable, "-m", "gemma4cpu.serve", "-m", str(t), "-md", str(a), "--port", "0",
+                          "-t", "2", "-c", "128", "--draft-max", "3"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for ln in p.stderr:
+            m = re.search(r"listening on http://[\d.]+:(\d+)", ln)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port, "server did not start"
+        srv = {"url": f"http://127.0.0.1:{port}"}
+        ids = [2, 10, 20, 30, 40, 50]
+        status, js = _post(srv, "/v1/completions", json.dumps({"prompt": ids, "max_tokens": 20,
+                                                               "temperature": 0}).encode())
+        assert status == 200, js
+        assert js["timings"]["draft_n"] > 0 and _get(srv, "/v1/models")["data"][0]["meta"]["spec_type"] == "mtp"
+        plain = Engine(str(t), threads=2, n_ctx=128, progress=False).generate(ids, max_tokens=20)
+        assert js["choices"][0]["text"] == plain.text and js["usage"]["completion_tokens"] == len(plain.tokens)
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
