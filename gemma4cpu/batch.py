@@ -434,6 +434,7 @@ class ProcessPool:
         self.procs: dict = {}
         self.tasks: dict = {}
         self.info: dict = {}
+        self._backlog: list = []        # results that arrived while a worker was being restarted
         self.workers = list(range(len(groups)))
         for wid in self.workers:
             self._start(wid)
@@ -468,9 +469,10 @@ class ProcessPool:
         self.tasks[wid].put((ln, item))
 
     def poll(self, timeout):
-        out = []
+        out = [(w, p[0], p[1]) for k, w, p in self._backlog if k == "done"]
+        self._backlog.clear()
         try:
-            kind, wid, payload = self.results.get(timeout=timeout)
+            kind, wid, payload = self.results.get(timeout=0 if out else timeout)
             if kind == "done":
                 out.append((wid, payload[0], payload[1]))
             while True:
@@ -495,6 +497,7 @@ class ProcessPool:
                 return code
             if w == wid and kind == "fatal":
                 raise BatchError(f"worker {wid} could not reload the model: {payload}")
+            self._backlog.append((kind, w, payload))   # another worker's result: poll returns it
 
     def close(self, kill=False):
         for wid, p in self.procs.items():

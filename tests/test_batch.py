@@ -189,3 +189,28 @@ def test_speculative_items_carry_their_statistics(eng, tmp_path):
     r = _records(out)[0]
     assert r["spec"]["kind"] == "ngram" and r["spec"]["draft_max"] == 2 and r["spec"]["drafted"] > 0
     assert r["tokens"] == eng.generate(text, max_tokens=10).tokens          # exact: equal to plain greedy
+
+
+def test_a_dead_worker_is_replaced_and_its_item_recorded(eng, tmp_path):
+    psutil = pytest.importorskip("psutil")
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [json.dumps({"prompt": p}) for p in PROMPTS])
+    p = _cli(str(inp), "-o", str(out), "-n", "12", "--workers", "2", "--no-progress", "--no-fsync")
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (out.exists() and out.read_bytes().count(b"\n") >= 1):
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    workers = [c for c in psutil.Process(p.pid).children()
+               if any("spawn_main" in part for part in c.cmdline())]
+    assert len(workers) == 2
+    workers[0].kill()
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    recs = _records(out)
+    assert [x["line"] for x in recs] == list(range(1, len(PROMPTS) + 1))
+    dead = [x for x in recs if x["error"] is not None]
+    print("worker-death records:", [(x["line"], x["error"]) for x in dead])
+    assert len(dead) <= 1 and all(x["error_type"] == "WorkerDied" for x in dead)   # 0: it was between items
+    for x, prompt in zip(recs, PROMPTS):
+        if x["error"] is None:
+            assert x["tokens"] == eng.generate(prompt, max_tokens=12).tokens
