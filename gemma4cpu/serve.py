@@ -7,6 +7,7 @@ Endpoints (also without the /v1 prefix, as llama-server has them):
                               parts), the same options
   GET  /v1/models             the loaded model
   GET  /health                {"status": "ok", ...queue and request counters}
+Defaults are OpenAI's (temperature 1, top_p 1; max_tokens: -n, else until the context is full).
 Extensions llama-server clients send are accepted: top_k, min_p, repeat_penalty, repeat_last_n,
 n_predict (= max_tokens), cache_prompt (always on). Other unknown fields are ignored, as llama-server
 does; known fields with a wrong type or an out-of-range value, malformed JSON, a prompt longer than
