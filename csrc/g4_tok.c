@@ -10,6 +10,7 @@
  *    token is taken whole; otherwise merge by lowest merge rank (ties: leftmost).
  * The data structures are our own: open-addressing hash tables keyed by byte strings, a trie of
  * special texts, and one binary heap for both merge orders. */
+#define _GNU_SOURCE            /* memmem */
 #include "g4_tok.h"
 
 #include <stdio.h>
@@ -492,15 +493,87 @@ static int match_pos_cmp(const void *a, const void *b) {
     return x->pos < y->pos ? -1 : (x->pos > y->pos);
 }
 
+/* Candidates (every occurrence of every special text) are kept while there are at most this many
+ * (-1: 4 per text byte + 65536). Nested special texts (whitespace runs of 1..31 in Gemma, or a
+ * hostile vocabulary's "a", "aa", ... "a"*1000) give up to one per byte and nesting level; past
+ * the limit the partition is computed per special text instead (same result, O(n) memory). */
+static int64_t g4_match_limit = -1;
+
+void g4_tok_set_match_limit(int64_t limit) { g4_match_limit = limit; }
+
+static int id_len_cmp(const void *a, const void *b, void *arg) {
+    const g4_tok *t = arg;
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    const int64_t lx = t->offs[x + 1] - t->offs[x], ly = t->offs[y + 1] - t->offs[y];
+    if (lx != ly) return lx > ly ? -1 : 1;
+    return x < y ? -1 : (x > y);
+}
+
+/* The partition without the candidate list: the special texts that occur (one trie walk), longest
+ * first, then by id; each one's occurrences leftmost first, taken when they overlap nothing taken
+ * (llama.cpp's find loop over the remaining fragments). Fills m (capacity n) sorted by position;
+ * returns the count, or -1 on allocation failure. */
+static int64_t partition_per_text(const g4_tok *t, const char *s, int64_t n, int parse_special, g4_match *m,
+                                  uint8_t *busy) {
+    const g4_trie *tr = &t->trie;
+    uint8_t *seen = calloc((size_t)t->n, 1);
+    int32_t *ids = NULL;
+    int64_t nid = 0, capid = 0, kept = 0;
+    if (!seen) return -1;
+    for (int64_t p = 0; p < n; p++) {
+        int32_t node = 0;
+        for (int64_t j = p; j < n; j++) {
+            node = trie_child(tr, node, (uint8_t)s[j]);
+            if (node < 0) break;
+            int32_t id = tr->term[node];
+            if (id < 0 || seen[id]) continue;
+            if ((t->flags[id] & G4_TOKF_USER) || ((t->flags[id] & G4_TOKF_CONTROL) && parse_special)) {
+                if (nid == capid) {
+                    int64_t c2 = capid ? capid * 2 : 64;
+                    int32_t *a = realloc(ids, sizeof(int32_t) * (size_t)c2);
+                    if (!a) { free(ids); free(seen); return -1; }
+                    ids = a; capid = c2;
+                }
+                seen[id] = 1;
+                ids[nid++] = id;
+            }
+        }
+    }
+    free(seen);
+    qsort_r(ids, (size_t)nid, sizeof(int32_t), id_len_cmp, (void *)t);
+    for (int64_t k = 0; k < nid; k++) {
+        const char *tx = t->texts + t->offs[ids[k]];
+        const int64_t len = t->offs[ids[k] + 1] - t->offs[ids[k]];
+        int64_t q = 0;
+        while (q + len <= n) {
+            const char *hit = memmem(s + q, (size_t)(n - q), tx, (size_t)len);
+            if (!hit) break;
+            const int64_t pos = hit - s;
+            int64_t last_busy = -1;           /* an occurrence starting at or before it overlaps it too */
+            for (int64_t b = len - 1; b >= 0; b--) if (busy[pos + b]) { last_busy = pos + b; break; }
+            if (last_busy >= 0) { q = last_busy + 1; continue; }
+            memset(busy + pos, 1, (size_t)len);
+            m[kept].pos = pos; m[kept].len = (int32_t)len; m[kept].id = ids[k];
+            kept++;
+            q = pos + len;
+        }
+    }
+    free(ids);
+    qsort(m, (size_t)kept, sizeof(g4_match), match_pos_cmp);
+    return kept;
+}
+
 int64_t g4_tok_encode(const g4_tok *t, const char *s, int64_t n, int parse_special,
                       int32_t *out, int64_t cap) {
     g4_outbuf o = {out, cap, 0};
     g4_session ss = {t, NULL, NULL, 0, 0, {NULL, 0, 0}};
     g4_match *m = NULL;
     uint8_t *busy = NULL;
-    int64_t nm = 0, capm = 0, rc = 0;
+    int64_t nm = 0, capm = 0, rc = 0, kept = 0;
+    const int64_t limit = g4_match_limit >= 0 ? g4_match_limit : 4 * n + 65536;
+    int per_text = 0;
     const g4_trie *tr = &t->trie;
-    for (int64_t p = 0; p < n; p++) {                /* every occurrence of every special text */
+    for (int64_t p = 0; p < n && !per_text; p++) {   /* every occurrence of every special text */
         int32_t node = 0;
         for (int64_t j = p; j < n; j++) {
             node = trie_child(tr, node, (uint8_t)s[j]);
@@ -508,6 +581,7 @@ int64_t g4_tok_encode(const g4_tok *t, const char *s, int64_t n, int parse_speci
             int32_t id = tr->term[node];
             if (id < 0) continue;
             if ((t->flags[id] & G4_TOKF_USER) || ((t->flags[id] & G4_TOKF_CONTROL) && parse_special)) {
+                if (nm >= limit) { per_text = 1; break; }
                 if (nm == capm) {
                     int64_t c2 = capm ? capm * 2 : 64;
                     g4_match *a = realloc(m, sizeof(g4_match) * (size_t)c2);
@@ -519,8 +593,14 @@ int64_t g4_tok_encode(const g4_tok *t, const char *s, int64_t n, int parse_speci
             }
         }
     }
-    int64_t kept = 0;
-    if (nm > 0) {                                    /* longest first, then id, then leftmost */
+    if (per_text) {
+        free(m);
+        m = malloc(sizeof(g4_match) * (size_t)(n > 0 ? n : 1));
+        busy = calloc((size_t)n, 1);
+        if (!m || !busy) { rc = -1; goto done; }
+        kept = partition_per_text(t, s, n, parse_special, m, busy);
+        if (kept < 0) { rc = -1; goto done; }
+    } else if (nm > 0) {                             /* longest first, then id, then leftmost */
         qsort(m, (size_t)nm, sizeof(g4_match), match_cmp);
         busy = calloc((size_t)n, 1);
         if (!busy) { rc = -1; goto done; }

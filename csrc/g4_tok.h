@@ -37,4 +37,8 @@ int32_t g4_tok_lookup(const g4_tok *t, const char *s, int64_t n);
 int64_t g4_tok_encode(const g4_tok *t, const char *s, int64_t n, int parse_special,
                       int32_t *out, int64_t cap);
 
+/* Testing: the candidate count above which the special partition is computed per special text
+ * (-1 = the default, 4 per byte + 65536; 0 = always per text). Both give the same ids. */
+void g4_tok_set_match_limit(int64_t limit);
+
 #endif

@@ -13,6 +13,13 @@ cdef extern from "g4_tok.h" nogil:
     int32_t g4_tok_lookup(const g4_tok *t, const char *s, int64_t n)
     int64_t g4_tok_encode(const g4_tok *t, const char *s, int64_t n, int parse_special,
                           int32_t *out, int64_t cap)
+    void g4_tok_set_match_limit(int64_t limit)
+
+
+def tok_set_match_limit(int64_t limit):
+    """Testing: candidate count above which the special partition runs per special text (-1: default,
+    0: always). The ids are the same either way (tests/test_tokenizer.py checks it)."""
+    g4_tok_set_match_limit(limit)
 
 
 def _blob(strings):
