@@ -382,3 +382,83 @@ def test_chat_template_error_is_value_error():
     assert issubclass(ChatTemplateError, ValueError)
     with pytest.raises(ValueError):
         validate_messages([])
+
+
+# --- resource limits (issue 8): a hostile template fails safely within a time limit -----------------
+
+def _render_in_thread(template, limit_s, **kw):
+    """Render in a worker thread and wait at most limit_s + 30 s for it, so a broken limit fails this
+    test instead of hanging the suite. Returns (exception or result, seconds)."""
+    import threading
+    import time
+    box = {}
+
+    def run():
+        t0 = time.perf_counter()
+        try:
+            box["out"] = render(CHAT, template, timeout=limit_s, **kw)
+        except BaseException as e:  # noqa: BLE001
+            box["out"] = e
+        box["s"] = time.perf_counter() - t0
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(limit_s + 30)
+    assert not th.is_alive(), "the render did not stop"
+    return box["out"], box["s"]
+
+
+@pytest.mark.parametrize("template", [
+    "{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}",        # 1e10 steps
+    "{% for a in range(99999) %}{% for b in range(99999) %}{{ '' }}{% endfor %}{% endfor %}",
+    "{% macro f(n) %}{% for i in range(99999) %}{% endfor %}{{ f(n) if n < 30 else '' }}{% endmacro %}{{ f(0) }}",
+])
+def test_huge_loop_stops_at_the_time_limit(template):
+    """Nested loops within the sandbox's range limit would run for hours; the watchdog stops them at
+    the limit (0.3 s here). The bound on the elapsed time is the limit plus scheduling delay on a
+    loaded 2-core host (the watchdog thread must get the GIL: <= 5 ms switch interval, plus being
+    scheduled at all): 3 s is a 10x margin over what was measured (0.31 s)."""
+    import threading
+    before = threading.active_count()
+    out, secs = _render_in_thread(template, 0.3)
+    assert isinstance(out, ChatTemplateError) and "time limit of 0.3 s" in str(out), out
+    assert 0.3 <= secs < 3.0
+    assert threading.active_count() == before        # the watchdog thread is gone
+
+
+def test_time_limit_does_not_fire_after_a_quick_render():
+    """A render that ends before its deadline is never interrupted later (the withdrawn exception)."""
+    import time
+    for _ in range(20):
+        assert render(CHAT, "{{ messages[0]['content'] }}", timeout=0.05) == CHAT[0]["content"]
+    time.sleep(0.1)                                   # past every deadline: nothing pending fires here
+    assert render(CHAT, "{% for i in range(1000) %}x{% endfor %}", timeout=None) == "x" * 1000
+
+
+@pytest.mark.parametrize("template", [
+    "{% set ns = namespace(s='xx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "{% set ns = namespace(s='xx') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "{% set ns = namespace(s=[1]) %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "{{ ('x' * 100000) | replace('x', 'y' * 100000) }}",
+    "{{ ('x' * 100000).replace('x', 'y' * 100000) }}",
+    "{{ '%999999999s' % 'x' }}", "{{ '%.999999999f' % 1.0 }}", "{{ '%*s' % (999999999, 'x') }}",
+    "{{ '{:>999999999}'.format(1) }}", "{{ '{:{w}}'.format(1, w=999999999) }}",
+    "{{ 'x' | center(999999999) }}", "{{ 'x'.ljust(999999999) }}", "{{ 'x'.zfill(999999999) }}",
+    "{{ ('a\n' * 1000000) | indent(1000) }}", "{{ messages | tojson(indent=999999999) }}",
+    "{{ lipsum(n=999999999) }}", "{{ 'x%s' | format('y' * 10) ~ ('%999999999d' | format(1)) }}",
+])
+def test_memory_bombs_are_refused(template):
+    """Each of these would build gigabytes in one step (or in a few doublings); each is refused by a
+    size check before the allocation, fast (not by the time limit)."""
+    out, secs = _render_in_thread(template, 10.0)
+    assert isinstance(out, ChatTemplateError) and ("too large" in str(out) or "not allowed" in str(out)
+                                                   or "lipsum" in str(out)), out
+    assert secs < 5.0
+
+
+def test_size_limits_leave_real_templates_alone():
+    long = [{"role": "user", "content": "word " * 200000}]          # a 1 MB message renders fine
+    assert len(render(long, GEMMA4_TEMPLATE)) > 1_000_000
+    assert render(CHAT, "{{ '%5s|%-3d|%.2f' % ('ab', 7, 1.5) }} {{ '{:>4}'.format(1) }} {{ 'a'|center(5) }}") == \
+        "   ab|7  |1.50    1   a  "
+    assert render(CHAT, "{{ 'a-b'|replace('-', '+') }} {{ [1] + [2] }} {{ 'x' ~ 1 }}") == "a+b [1, 2] x1"
