@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gemma4cpu import chat as chat_mod
+from gemma4cpu.gguf_io import GGUFFormatError
 from gemma4cpu.kv_cache import KVCache
 from gemma4cpu.model import Model
 from gemma4cpu.sampling import Sampler, SamplingParams
@@ -142,7 +143,7 @@ class Engine:
                  cache_type_k: str = "f16", cache_type_v: str = "f16", max_batch: int = 256,
                  progress: bool = True, spec_type: str | None = None, draft_max: int = 3,
                  draft_min: int = 0, draft_p_min: float = 0.0, spec_autotune: bool = False,
-                 ctx_checkpoints: int = 0, swa_full: bool = False):
+                 ctx_checkpoints: int = 0, swa_full: bool = False, mem_limit=None):
         """draft: a Gemma 4 MTP assistant GGUF made for this target (or a speculative.Drafter);
         spec_type: 'mtp' (default when draft is given; llama.cpp's 'draft-mtp' too), 'ngram' or
         'none' (default otherwise); draft_max: drafts per round (1..16); draft_min: rounds with
@@ -158,7 +159,9 @@ class Engine:
         at the KV memory of full attention. Checkpoints change no output, bit for bit (a restored
         ring holds the window in the same slots as a cold run); swa_full changes the slot order once
         a ring would have wrapped, so attention sums in another order: equal within float noise,
-        not bit for bit (Q8_K activation rounding can amplify that into other sampled tokens)."""
+        not bit for bit (Q8_K activation rounding can amplify that into other sampled tokens).
+        mem_limit: memory the model may use instead of what is available (bytes or '8G';
+        gemma4cpu.memory)."""
         if isinstance(ctx_checkpoints, bool) or not isinstance(ctx_checkpoints, int) or ctx_checkpoints < 0:
             raise ValueError(f"ctx_checkpoints must be an integer >= 0, got {ctx_checkpoints!r}")
         self._spec_defaults = self._spec_options(spec_type if spec_type is not None else
@@ -171,7 +174,7 @@ class Engine:
                            threads_batch=threads_batch, numa=numa, numa_nodes=numa_nodes, smt=smt, mmap=mmap,
                            mlock=mlock, thp=thp,    # threads and placement: gemma4cpu.numa / placement
                            cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_batch=max_batch,
-                           max_draft=spec.MAX_DRAFT, progress=progress)
+                           max_draft=spec.MAX_DRAFT, progress=progress, mem_limit=mem_limit)
         if swa_full and self.model.cache.ring_layers():     # rebuild with full-size sliding layers
             c = self.model.cache
             self.model.cache = None
@@ -183,8 +186,8 @@ class Engine:
         self._ckpts: list[tuple[list[int], object]] = []   # (tokens [0, c), KVCache.RingSnapshot at c)
         self.tokenizer = Tokenizer(self.model.file.kv)
         if self.tokenizer.n_vocab != self.model.cfg.n_vocab:
-            raise ValueError(f"{self.model_path}: the vocabulary has {self.tokenizer.n_vocab} tokens but the "
-                             f"model's embedding has {self.model.cfg.n_vocab} rows")
+            raise GGUFFormatError(f"{self.model_path}: the vocabulary has {self.tokenizer.n_vocab} tokens but the "
+                                  f"model's embedding has {self.model.cfg.n_vocab} rows")
         self.drafter: spec.Drafter | None = None
         self.assistant = None
         if isinstance(draft, spec.Drafter):
@@ -227,6 +230,21 @@ class Engine:
 
     def detokenize(self, ids, skip_special: bool = False) -> str:
         return self.tokenizer.decode(ids, skip_special=skip_special)
+
+    def _token_ids(self, seq) -> list[int]:
+        """Token ids given by a caller as a list of ints in [0, n_vocab) (numpy integers too); floats,
+        bools, strings or out-of-range ids are refused, never truncated or wrapped."""
+        if isinstance(seq, (str, bytes)) or not hasattr(seq, "__iter__"):
+            raise TypeError(f"token ids must be a sequence of ints, got {type(seq).__name__}")
+        ids = list(seq)
+        bad_type = [i for i in ids if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer))]
+        if bad_type:
+            raise ValueError(f"token ids must be integers, got {bad_type[0]!r} ({type(bad_type[0]).__name__})")
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.n_vocab]
+        if bad:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got {bad[:5]}")
+        return ids
 
     # ---- the cache ----
     def reset(self):
@@ -280,7 +298,7 @@ class Engine:
 
     def logits(self, ids) -> np.ndarray:
         """float32 (len(ids), n_vocab): next-token logits at every position of a fresh sequence."""
-        ids = [int(i) for i in ids]
+        ids = self._token_ids(ids)
         if not ids:
             raise ValueError("logits needs at least one token")
         if len(ids) > self.n_ctx:
@@ -316,7 +334,7 @@ class Engine:
         stop = list(stop or ())
         if not all(isinstance(s, str) for s in stop):
             raise TypeError("stop must be a string or a list of strings")
-        if not isinstance(max_tokens, int) or max_tokens < 0:
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
@@ -324,10 +342,7 @@ class Engine:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_bos=add_bos, parse_special=parse_special)
         else:
-            ids = [int(i) for i in prompt]
-            bad = [i for i in ids if not 0 <= i < self.n_vocab]
-            if bad:
-                raise ValueError(f"token ids must be in [0, {self.n_vocab}), got {bad[:5]}")
+            ids = self._token_ids(prompt)
         if not ids:
             raise ValueError("the prompt is empty (no tokens); give text or add_bos=True")
         if len(ids) >= self.n_ctx:
@@ -433,8 +448,10 @@ class Engine:
                 if piece:
                     text_parts.append(piece)
                     yield piece
-        except (KeyboardInterrupt, GeneratorExit):
+        except (KeyboardInterrupt, GeneratorExit) as e:
             st.stop_reason = "interrupted"
+            if isinstance(e, KeyboardInterrupt):    # what was generated so far, for the caller to print
+                e.result = GenerationResult("".join(text_parts), list(out), st, list(ids))
             raise
         finally:
             now = time.perf_counter()
@@ -442,7 +459,8 @@ class Engine:
                 st.decode_s = now - t_first
             self._drop_unemitted(list(ids) + out)
             self.last_stats = st
-        return GenerationResult("".join(text_parts), out, st, list(ids))
+            self.last_result = GenerationResult("".join(text_parts), list(out), st, list(ids))
+        return self.last_result
 
     def _drop_unemitted(self, emitted: list[int]):
         """After a stop inside an accepted run of drafts, the cache may hold tokens that were not

@@ -23,6 +23,7 @@ import numpy as np
 from gemma4cpu import _kernels
 from gemma4cpu import kernels as K
 from gemma4cpu import placement
+from gemma4cpu import memory
 from gemma4cpu.config import ModelConfig
 from gemma4cpu.gguf_io import GGUFFile
 from gemma4cpu.kv_cache import KVCache, kv_type_id
@@ -64,6 +65,46 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     a, b = x[..., :half], x[..., half:]
     c, s = cos[:, None, :], sin[:, None, :]
     return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+
+MAX_CTX = (1 << 31) - 1    # positions are int32 in the kernels (the memory check refuses what cannot fit)
+
+
+def check_int(name: str, v, lo: int, hi: int) -> int:
+    """v as an int in [lo, hi], or ValueError naming the parameter (bools and floats are refused:
+    2.5 threads or n_ctx=True are mistakes, not values)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in {lo}..{hi}, got {v}")
+    return int(v)
+
+
+# Interrupt latency. Python runs a signal handler (Ctrl-C's KeyboardInterrupt) only between
+# bytecodes, so the calling thread must come back from C often: no C call may do more than about
+# SLICE_MACS multiply-adds or read more than SLICE_BYTES of weights per pool thread (measured on
+# the 2-core dev box: longest call of a 270M prefill 30-65 ms, against 46 ms for one ffn product of
+# a 256-token chunk and 88 ms for its LM head, 160 ms for attention at 2k context, before; costs
+# 3-8% of prefill time there, halving the budget doubled that). Bigger products run as several calls:
+# token slices first (multiples of the kernels' 16-token tile, never fewer than MIN_SLICE_TOKENS,
+# so each weight row is still read once per 16+ tokens), then row slices. Results are bit-identical.
+SLICE_MACS = 128 << 20
+SLICE_BYTES = 64 << 20
+MIN_SLICE_TOKENS = 16
+
+
+def call_slices(n_tok: int, n_rows: int, k: int, row_bytes: int, threads: int) -> tuple[int, int]:
+    """(tokens, rows) per C call for an (n_tok x k) . (k x n_rows) product on `threads` threads."""
+    macs, nbytes = SLICE_MACS * max(1, threads), SLICE_BYTES * max(1, threads)
+    per_tok = max(1, n_rows * k)
+    if n_tok * per_tok <= macs:
+        tok = n_tok
+    else:
+        tok = max(MIN_SLICE_TOKENS, macs // per_tok // MIN_SLICE_TOKENS * MIN_SLICE_TOKENS)
+        tok = min(tok, n_tok)
+    rows = min(n_rows, max(16, macs // max(1, tok * k)), max(16, nbytes // max(1, row_bytes)))
+    rows = n_rows if rows >= n_rows else max(16, rows // 16 * 16)
+    return tok, rows
 
 
 # The CPUs this process was allowed at import: a pool pins the thread that calls it, so reading the
@@ -131,19 +172,26 @@ class Model:
                  cpus: list[int] | None = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
                  threads_batch: int | None = None, numa: str = "auto", numa_nodes: list[int] | None = None,
                  smt: bool = False, mmap: bool = True, mlock: bool = False, thp: bool = False, topology=None,
-                 max_draft: int = 16, max_batch: int = 256, progress: bool = True):
-        """progress: print stage messages on stderr if loading takes more than a second."""
-        if n_ctx < 1:
-            raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+                 max_draft: int = 16, max_batch: int = 256, progress: bool = True, mem_limit=None):
+        """path: a GGUF file (or an already parsed GGUFFile). progress: print stage messages on
+        stderr if loading takes more than a second. mem_limit: bytes (or '8G') this model may use,
+        instead of the available memory (gemma4cpu.memory; GEMMA4CPU_MEM_LIMIT does the same)."""
+        n_ctx = check_int("n_ctx", n_ctx, 1, MAX_CTX)
+        max_batch = check_int("max_batch", max_batch, 1, 1 << 16)
+        max_draft = check_int("max_draft", max_draft, 0, 1 << 10)
         kv_type_id(cache_type_k), kv_type_id(cache_type_v)  # refuse an unknown cache type before loading
-        pr = _LoadProgress(path, progress)
+        pr = _LoadProgress(getattr(path, "path", path), progress)
         summary = None
         try:
-            self.file = GGUFFile(path)
+            self.file = path if isinstance(path, GGUFFile) else GGUFFile(path)
             pr.stage = "reading the configuration"
             self.cfg = ModelConfig.from_gguf(self.file)
+            # refuse before anything large exists (KV cache, copies of weights), not by the OOM killer
+            # (mirror copies per NUMA node are not counted yet: the plan that decides them comes later)
+            self.memory_plan = memory.plan(self.file, self.cfg, n_ctx, cache_type_k, cache_type_v, max_draft,
+                                           max_batch, mmap=mmap and not thp)
+            memory.check(self.memory_plan, f"{self.file.path} with n_ctx={n_ctx} "
+                         f"({cache_type_k}/{cache_type_v} cache)", mem_limit)
             pr.stage = f"mapping the weights of {self.cfg.n_layer} layers"
             self.w = load_weights(self.file, self.cfg)
             self.n_ctx = n_ctx
@@ -154,7 +202,7 @@ class Model:
                                         mmap, mlock, thp, topology)
             self.numa_plan, self.pool, self.pool_batch = self.numa.plan, self.numa.pool, self.numa.pool_batch
             self._pool = self.pool  # the pool of the call in progress (forward picks it)
-            self.max_batch = int(max_batch)
+            self.max_batch = max_batch
             pr.stage = f"allocating the KV cache for {n_ctx} positions"
             try:
                 self.cache = KVCache.from_config(self.cfg, n_ctx, max_draft=max_draft, max_batch=self.max_batch,
@@ -170,7 +218,20 @@ class Model:
             pr.done(summary)
 
     def _mm(self, m: Mat, x: np.ndarray) -> np.ndarray:
-        return K.matmul(self._pool, m.type_id, m.rows, m.n_in, x, placement=m.placement)
+        pool = self._pool
+        tok_step, row_step = call_slices(x.shape[0], m.n_out, m.n_in, m.rows.shape[1], pool.size)
+        if tok_step >= x.shape[0] and row_step >= m.n_out:
+            return K.matmul(pool, m.type_id, m.rows, m.n_in, x, placement=m.placement)
+        # a product too big for one C call (see call_slices): token slices, then row slices, all
+        # bit-identical to the one call (every row and every token is computed on its own)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], m.n_out), np.float32)
+        for t0 in range(0, x.shape[0], tok_step):
+            xs, ys = x[t0:t0 + tok_step], out[t0:t0 + tok_step]
+            for r0 in range(0, m.n_out, row_step):
+                K.matmul(pool, m.type_id, m.rows, m.n_in, xs, out=ys, r0=r0, r1=min(m.n_out, r0 + row_step),
+                         placement=m.placement)
+        return out
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         rows = np.ascontiguousarray(self.w.token_embd.rows[tokens])
@@ -217,8 +278,16 @@ class Model:
         Each query row is computed on its own (batch-invariant), as speculative decoding needs."""
         cfg = self.cfg
         window = cfg.sliding_window if cfg.is_swa[il] else 0
-        return self.cache.attention(self._pool, il, q.reshape(q.shape[0], -1), pos.astype(np.int32),
-                                    cfg.n_head, scale=cfg.attn_scale, window=window)
+        q, pos = np.ascontiguousarray(q.reshape(q.shape[0], -1)), pos.astype(np.int32)
+        n, n_slots = q.shape[0], self.cache.view(self.cache.source[il])[2].shape[0]
+        step = max(1, SLICE_MACS * self._pool.size // max(1, 2 * n_slots * q.shape[1]))
+        if step >= n:
+            return self.cache.attention(self._pool, il, q, pos, cfg.n_head, scale=cfg.attn_scale, window=window)
+        out = np.empty_like(q)             # query slices: each query row is computed on its own
+        for i0 in range(0, n, step):
+            self.cache.attention(self._pool, il, q[i0:i0 + step], pos[i0:i0 + step], cfg.n_head,
+                                 scale=cfg.attn_scale, window=window, out=out[i0:i0 + step])
+        return out
 
     def forward(self, tokens, logits_for: str = "last") -> tuple[np.ndarray, np.ndarray]:
         """Append `tokens` at positions cache.n .. cache.n + n - 1 (see _forward). One token runs on

@@ -138,7 +138,7 @@ def test_cli_prompt_file_and_errors(tmp_path):
     f.write_text("Water is made of hydrogen and")
     p = _cli("-f", str(f), "-n", "3", "-q", "--no-echo")
     assert p.returncode == 0 and "oxygen" in p.stdout and p.stderr == ""
-    for args, msg in [(("-c", "2000000000"), "not enough memory for a KV cache"), (("-C", "0-x"), "bad CPU range"), (("-m", str(tmp_path / "none.gguf")), "not found"),
+    for args, msg in [(("-c", "2000000000"), "GiB available"), (("-C", "0-x"), "bad CPU range"), (("-m", str(tmp_path / "none.gguf")), "not found"),
                       (("--temp", "-1"), "temperature"), (("-n", "-2"), "-n must be")]:
         p = _cli(*args)
         assert p.returncode != 0 and msg in p.stderr, (args, p.stderr)
