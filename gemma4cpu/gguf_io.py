@@ -25,6 +25,8 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 MAX_STRING = 1 << 26          # 64 MiB: no legitimate key or token is larger
 MAX_ARRAY = 1 << 28           # elements in one metadata array
+MAX_ALIGNMENT = 1 << 20       # general.alignment: ggml writes 32; anything above a MiB is hostile
+INT64_MAX = (1 << 63) - 1
 
 # ggml type id -> (name, block elements, block bytes); the types this engine can meet
 GGML_TYPES = {
@@ -136,17 +138,34 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         try:
-            st = os.stat(self.path)
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < 24:
+                    raise GGUFFormatError(f"{self.path}: {size} bytes is too small to be a GGUF file")
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
-            raise GGUFFormatError(f"cannot open {self.path}: {e.strerror}") from None
-        if st.st_size < 24:
-            raise GGUFFormatError(f"{self.path}: {st.st_size} bytes is too small to be a GGUF file")
-        self.size = st.st_size
-        with open(self.path, "rb") as f:
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self._map = np.frombuffer(self._mm, dtype=np.uint8)
+            raise GGUFFormatError(f"cannot open {self.path}: {e.strerror or e}") from None
+        # the mapping's own length, not the stat: a file that changed in between cannot make a
+        # check pass against bytes that are not mapped (every view below is bounded by this)
+        self._load(self._mm)
+
+    @classmethod
+    def from_bytes(cls, data, name: str = "<bytes>") -> "GGUFFile":
+        """Parse a GGUF image held in memory (bytes-like; views into it are read-only)."""
+        self = cls.__new__(cls)
+        self.path = name
+        self._mm = bytes(data)
+        if len(self._mm) < 24:
+            raise GGUFFormatError(f"{name}: {len(self._mm)} bytes is too small to be a GGUF file")
+        self._load(self._mm)
+        return self
+
+    def _load(self, buf):
+        self.size = len(buf)
+        self._raw = buf            # bytes or mmap: slicing gives bytes
+        self._map = np.frombuffer(buf, dtype=np.uint8)
         try:
-            self._parse(memoryview(self._mm))
+            self._parse(memoryview(buf))
         except GGUFFormatError as e:
             raise GGUFFormatError(f"{self.path}: {e}") from None
 
@@ -178,9 +197,31 @@ class GGUFFile:
                 return arr
             if etype == _STRING:
                 c.need(n * 8, what + " string array")  # each element has at least its length
-                return [c.string(f"{what}[{i}]") for i in range(n)]
+                return self._strings(c, n, what)
             raise GGUFFormatError(f"{what}: unsupported array element type {etype} at offset {at}")
         raise GGUFFormatError(f"{what}: unknown value type {vtype} at offset {c.pos - 4}")
+
+    def _strings(self, c: _Cursor, n: int, what: str) -> list[str]:
+        """n strings from c (a vocabulary: 262k of them in Gemma). The same checks as
+        _Cursor.string, in one tight loop; any anomaly is re-read by _Cursor.string, which raises
+        the precise error."""
+        out = []
+        raw, size, pos = self._raw, c.size, c.pos
+        unpack = struct.unpack_from
+        for i in range(n):
+            ln = unpack("<Q", raw, pos)[0] if pos + 8 <= size else -1
+            end = pos + 8 + ln
+            if ln < 0 or ln > MAX_STRING or end > size:
+                c.pos = pos
+                c.string(f"{what}[{i}]")           # raises
+            try:
+                out.append(raw[pos + 8:end].decode("utf-8"))
+            except UnicodeDecodeError:
+                c.pos = pos
+                c.string(f"{what}[{i}]")           # raises
+            pos = end
+        c.pos = pos
+        return out
 
     def _parse(self, buf: memoryview):
         c = _Cursor(buf, self.size)
@@ -190,23 +231,28 @@ class GGUFFile:
         c.pos = 4
         self.version = c.unpack("<I", "version")
         if self.version not in (2, 3):
-            raise GGUFFormatError(f"unsupported GGUF version {self.version} (2 and 3 are supported)")
+            raise GGUFFormatError(f"unsupported GGUF version {self.version} at offset 4 (2 and 3 are supported)")
         n_tensors, n_kv = c.unpack("<QQ", "counts")
         # every kv needs >= 8+1+4+1 bytes and every tensor info >= 8+1+4+8+4+8: bound the counts
         if n_kv * 13 > self.size or n_tensors * 33 > self.size:
-            raise GGUFFormatError(f"header claims {n_kv} metadata entries and {n_tensors} tensors, "
-                                  f"more than a {self.size}-byte file can hold")
+            raise GGUFFormatError(f"header claims {n_kv} metadata entries and {n_tensors} tensors (counts at "
+                                  f"offset 8), more than a {self.size}-byte file can hold")
         self.kv: dict = {}
+        kv_at: dict[str, int] = {}
         for i in range(n_kv):
             at = c.pos
             key = c.string(f"metadata key #{i}")
             if key in self.kv:
-                raise GGUFFormatError(f"duplicate metadata key {key!r} at offset {at}")
+                raise GGUFFormatError(f"duplicate metadata key {key!r} at offset {at} "
+                                      f"(first at offset {kv_at[key]})")
+            kv_at[key] = at
             vtype = c.unpack("<I", f"type of {key!r}")
             self.kv[key] = self._value(c, vtype, f"metadata {key!r}")
         self.alignment = self.kv.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(self.alignment, int) or self.alignment <= 0 or self.alignment & (self.alignment - 1):
-            raise GGUFFormatError(f"general.alignment={self.alignment!r} is not a power of two")
+        if (not isinstance(self.alignment, int) or isinstance(self.alignment, bool) or self.alignment <= 0
+                or self.alignment & (self.alignment - 1) or self.alignment > MAX_ALIGNMENT):
+            raise GGUFFormatError(f"general.alignment={self.alignment!r} (at offset {kv_at.get('general.alignment')}) "
+                                  f"is not a power of two in 1..{MAX_ALIGNMENT}")
         infos = []
         names = set()
         for i in range(n_tensors):
@@ -220,25 +266,32 @@ class GGUFFile:
                 raise GGUFFormatError(f"tensor {name!r}: {nd} dimensions (1..{MAX_DIMS} allowed) at offset {at}")
             dims = tuple(c.unpack("<" + "Q" * nd, f"tensor {name!r} dims")) if nd > 1 else (
                 c.unpack("<Q", f"tensor {name!r} dims"),)
+            type_at = c.pos
             ttype = c.unpack("<I", f"tensor {name!r} type")
             off = c.unpack("<Q", f"tensor {name!r} offset")
             if ttype not in GGML_TYPES:
-                raise GGUFFormatError(f"tensor {name!r}: unknown ggml type {ttype}")
+                raise GGUFFormatError(f"tensor {name!r}: unknown ggml type {ttype} at offset {type_at}")
             tname, bs, bb = GGML_TYPES[ttype]
             if any(d == 0 for d in dims):
-                raise GGUFFormatError(f"tensor {name!r}: zero dimension in {list(dims)}")
+                raise GGUFFormatError(f"tensor {name!r}: zero dimension in {list(dims)} (tensor info at offset {at})")
             if dims[0] % bs:
                 raise GGUFFormatError(f"tensor {name!r}: first dim {dims[0]} is not a multiple of the "
-                                      f"{tname} block size {bs}")
+                                      f"{tname} block size {bs} (tensor info at offset {at})")
+            # exact (Python) integers: the element count is compared with int64 and the byte count
+            # with the file size before anything multiplies them in fixed width (ggml keeps int64 ne)
             n_el = 1
             for d in dims:
                 n_el *= d
+            if max(dims) > INT64_MAX or n_el > INT64_MAX:
+                raise GGUFFormatError(f"tensor {name!r}: dims {list(dims)} ({n_el} elements) overflow int64 "
+                                      f"(tensor info at offset {at})")
             n_bytes = n_el // bs * bb
             if n_bytes > self.size:
                 raise GGUFFormatError(f"tensor {name!r}: {list(dims)} {tname} needs {n_bytes} bytes, "
-                                      f"more than the whole file ({self.size})")
+                                      f"more than the whole file ({self.size}) (tensor info at offset {at})")
             if off % self.alignment:
-                raise GGUFFormatError(f"tensor {name!r}: data offset {off} is not {self.alignment}-byte aligned")
+                raise GGUFFormatError(f"tensor {name!r}: data offset {off} (field at offset {type_at + 4}) is not "
+                                      f"{self.alignment}-byte aligned")
             infos.append((name, ttype, dims, off, n_bytes))
         self.data_offset = -(-c.pos // self.alignment) * self.alignment
         self.tensors: dict[str, Tensor] = {}
@@ -279,7 +332,8 @@ class GGUFFile:
 
     def close(self):
         self._map = None
-        try:
-            self._mm.close()
-        except BufferError:
-            pass  # views still alive: the mapping goes when they do
+        if isinstance(self._mm, mmap.mmap):
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # views still alive: the mapping goes when they do

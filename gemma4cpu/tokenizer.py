@@ -17,9 +17,14 @@ detokenizes. tests/test_tokenizer.py checks ids against llama.cpp's on a fixed c
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from gemma4cpu import _kernels
+from gemma4cpu.gguf_io import GGUFFormatError
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte token's text; anything else prints as text
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -30,8 +35,35 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endofte
               "<|eom_id|>", "<EOT>", "<|end_of_text|>", "<eos>", "<turn|>", "<|tool_response>")
 
 
-class TokenizerError(ValueError):
-    """A vocabulary this tokenizer cannot use (names the key or token)."""
+class TokenizerError(GGUFFormatError):
+    """A vocabulary this tokenizer cannot use (names the key or token). A GGUFFormatError: the
+    vocabulary comes from the model file."""
+
+
+def _str_key(kv, key, default=None):
+    v = kv.get(key, default)
+    if v is not None and not isinstance(v, str):
+        raise TokenizerError(f"{key} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _array(v, kinds: str, key: str, dtype) -> np.ndarray:
+    """A numeric metadata array (numpy from a GGUF file, or a list given in code) as a fresh `dtype`
+    array; strings, nested or ragged lists are a TokenizerError naming the key."""
+    try:
+        a = np.asarray(v) if isinstance(v, (np.ndarray, list, tuple)) else None
+    except ValueError:
+        a = None
+    if a is None or a.ndim != 1 or (a.size and a.dtype.kind not in kinds):
+        raise TokenizerError(f"{key} must be a numeric array, got {type(v).__name__}")
+    return a.astype(dtype)
+
+
+def _bool_key(kv, key, default: bool) -> bool:
+    v = kv.get(key, default)
+    if isinstance(v, (bool, np.bool_)) or (isinstance(v, (int, np.integer)) and v in (0, 1)):
+        return bool(v)
+    raise TokenizerError(f"{key} must be a bool, got {v!r:.40}")
 
 
 class Tokenizer:
@@ -40,31 +72,34 @@ class Tokenizer:
     `n_vocab`, `kind` ("spm" or "bpe")."""
 
     def __init__(self, kv: dict):
-        model = kv.get("tokenizer.ggml.model")
+        model = _str_key(kv, "tokenizer.ggml.model")
         if model is None:
             raise TokenizerError("GGUF has no tokenizer (key tokenizer.ggml.model is missing)")
         tokens = kv.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
             raise TokenizerError("tokenizer.ggml.tokens is missing or empty")
         n = len(tokens)
+        if n > (1 << 31) - 1:
+            raise TokenizerError(f"tokenizer.ggml.tokens has {n} entries (token ids are int32)")
         types = kv.get("tokenizer.ggml.token_type")
-        types = np.full(n, NORMAL, np.int32) if types is None else np.asarray(types, np.int32).copy()
+        types = np.full(n, NORMAL, np.int32) if types is None else _array(types, "iu", "tokenizer.ggml.token_type",
+                                                                          np.int32)
         if types.shape != (n,):
             raise TokenizerError(f"tokenizer.ggml.token_type has {types.size} entries for {n} tokens")
         scores = kv.get("tokenizer.ggml.scores")
         if scores is not None:
-            scores = np.asarray(scores, np.float32)
+            scores = _array(scores, "fiu", "tokenizer.ggml.scores", np.float32)
             if scores.shape != (n,):
                 raise TokenizerError(f"tokenizer.ggml.scores has {scores.size} entries for {n} tokens")
         merges = None
-        pre = kv.get("tokenizer.ggml.pre", "")
+        pre = _str_key(kv, "tokenizer.ggml.pre", "")
         if model == "llama":
             self.kind = "spm"
             if scores is None:
                 raise TokenizerError("SentencePiece vocabulary (tokenizer.ggml.model = 'llama') "
                                      "needs tokenizer.ggml.scores")
             escape_ws, default_bos = True, True
-            self.add_space_prefix = bool(kv.get("tokenizer.ggml.add_space_prefix", True))
+            self.add_space_prefix = _bool_key(kv, "tokenizer.ggml.add_space_prefix", True)
         elif model == "gemma4":
             self.kind = "bpe"
             merges = kv.get("tokenizer.ggml.merges")
@@ -91,14 +126,16 @@ class Tokenizer:
             v = kv.get(key, default)
             if v is None:
                 return None
+            if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+                raise TokenizerError(f"{key} must be an integer token id, got {v!r:.40}")
             if not 0 <= int(v) < n:
                 raise TokenizerError(f"{key} = {v} is outside the vocabulary of {n} tokens")
             return int(v)
 
         self.bos_id = special("tokenizer.ggml.bos_token_id", index.get("<bos>"))
         self.eos_id = special("tokenizer.ggml.eos_token_id", index.get("<eos>"))
-        self.add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", default_bos)) or model == "gemma4"
-        self.add_eos = bool(kv.get("tokenizer.ggml.add_eos_token", False))
+        self.add_bos = _bool_key(kv, "tokenizer.ggml.add_bos_token", default_bos) or model == "gemma4"
+        self.add_eos = _bool_key(kv, "tokenizer.ggml.add_eos_token", False)
         if self.add_bos and self.bos_id is None:
             raise TokenizerError("the vocabulary adds BOS but has no tokenizer.ggml.bos_token_id")
 
@@ -150,7 +187,7 @@ class Tokenizer:
         if self._pieces is None:
             pieces = []
             for t, ty in zip(self.tokens, self.types.tolist()):
-                if ty == BYTE and len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+                if ty == BYTE and _BYTE_TOKEN.fullmatch(t):
                     pieces.append(bytes([int(t[3:5], 16)]))
                 elif ty == NORMAL:
                     pieces.append(t.replace("\u2581", " ").encode("utf-8"))

@@ -47,11 +47,16 @@ def test_matches_gguf_writer_output(tmp_path):
 
 
 def test_every_truncation_is_a_clean_error(tmp_path):
+    """Cut anywhere (every byte of the header, metadata, tensor infos and data) -> the typed error,
+    naming where (a byte offset or the tensor's byte range), from a file and from memory alike."""
     data, _ = C.small_model_bytes()
-    for cut in range(0, len(data) - 1, 7):
-        p = _write(tmp_path, data[:cut], f"t{cut}.gguf")
-        with pytest.raises(GGUFFormatError):
-            GGUFFile(p)
+    for cut in range(0, len(data)):
+        p = _write(tmp_path, data[:cut], "t.gguf")
+        for load in (lambda: GGUFFile(p), lambda: GGUFFile.from_bytes(data[:cut])):
+            with pytest.raises(GGUFFormatError, match=r"offset \d+|\[\d+, \d+\)|too small") as ei:
+                load()
+            assert type(ei.value) is GGUFFormatError
+    GGUFFile.from_bytes(data)  # the whole file is fine: the check above is not vacuous
 
 
 @pytest.mark.parametrize("mutate,match", [
@@ -171,3 +176,94 @@ def test_missing_file_and_tiny_file(tmp_path):
         GGUFFile(tmp_path / "nope.gguf")
     with pytest.raises(GGUFFormatError, match="too small"):
         GGUFFile(_write(tmp_path, b"GGUF"))
+
+
+# --- gaps closed for issue 8: every malformed class names the field and its byte offset ----------------
+
+def test_from_bytes_equals_file(tmp_path):
+    data, offs = C.small_model_bytes()
+    a, b = GGUFFile(_write(tmp_path, data)), GGUFFile.from_bytes(data)
+    assert a.kv.keys() == b.kv.keys() and a.kv["tokenizer.ggml.tokens"] == b.kv["tokenizer.ggml.tokens"]
+    assert {n: (t.offset, t.n_bytes, t.dims) for n, t in a.tensors.items()} == \
+        {n: (t.offset, t.n_bytes, t.dims) for n, t in b.tensors.items()}
+    np.testing.assert_array_equal(a.tensor("norm.weight").numpy(), b.tensor("norm.weight").numpy())
+    assert not b.tensor("w.weight").raw().flags.writeable
+
+
+def test_bad_utf8_everywhere(tmp_path):
+    bad = b"x\xc0\x80y"                     # overlong NUL: invalid UTF-8
+    with pytest.raises(GGUFFormatError, match=r"metadata 'k': invalid UTF-8 at offset \d+"):
+        GGUFFile.from_bytes(C.build([C.kv("k", C.STR, bad)], [])[0])
+    with pytest.raises(GGUFFormatError, match=r"metadata 'k'\[1\]: invalid UTF-8 at offset \d+"):
+        GGUFFile.from_bytes(C.build([C.kv("k", C.ARR, ["ok", bad], C.STR)], [])[0])
+    with pytest.raises(GGUFFormatError, match=r"tensor #0 name: invalid UTF-8 at offset \d+"):
+        GGUFFile.from_bytes(C.build([], [(bad, (32,), 0, b"\0" * 128)])[0])
+    data, _ = C.build([C.kv("k", C.STR, bad)], [])
+    at = data.index(bad)
+    with pytest.raises(GGUFFormatError, match=f"offset {at + 1}"):   # the offending byte itself
+        GGUFFile.from_bytes(data)
+
+
+def test_element_count_overflow():
+    """dims whose product overflows int64 (and so ggml's ne products) are refused before any
+    multiplication in fixed width; each dim alone is a valid u64."""
+    with pytest.raises(GGUFFormatError, match=r"overflow int64 \(tensor info at offset \d+\)"):
+        GGUFFile.from_bytes(C.build([], [("t", (1 << 40, 1 << 40), 0, b"\0" * 32)])[0])
+    with pytest.raises(GGUFFormatError, match=r"overflow int64"):
+        GGUFFile.from_bytes(C.build([], [("t", (1 << 63, 1), 0, b"\0" * 32)])[0])
+    with pytest.raises(GGUFFormatError, match=r"more than the whole file"):  # fits int64, not the file
+        GGUFFile.from_bytes(C.build([], [("t", (1 << 20, 1 << 20), 0, b"\0" * 32)])[0])
+
+
+@pytest.mark.parametrize("kv,match", [
+    (C.kv("general.alignment", C.BOOL, 1), "general.alignment=True"),
+    (C.kv("general.alignment", C.STR, "32"), "general.alignment='32'"),
+    (C.kv("general.alignment", C.U64, 1 << 40), "is not a power of two in 1..1048576"),
+    (C.kv("general.alignment", C.U32, 0), "general.alignment=0"),
+])
+def test_hostile_alignment_key(kv, match):
+    with pytest.raises(GGUFFormatError, match=match):
+        GGUFFile.from_bytes(C.build([kv], [])[0])
+
+
+def test_other_alignment_is_honoured():
+    data, offs = C.build([C.kv("general.alignment", C.U32, 64)], [("a", (8,), 0, b"\1" * 32),
+                                                                   ("b", (8,), 0, b"\2" * 32)], alignment=64)
+    f = GGUFFile.from_bytes(data)
+    assert f.alignment == 64 and f.tensor("b").offset == offs["b"] and offs["b"] % 64 == 0
+    assert bytes(f.tensor("b").raw()) == b"\2" * 32
+    # the same file read with the default 32: b's relative offset 64 is fine, but a 32-aligned offset
+    # in a 64-aligned file is not
+    i = data.index(C.s("b")) + len(C.s("b")) + 4 + 8 + 4
+    bad = data[:i] + struct.pack("<Q", 32) + data[i + 8:]
+    with pytest.raises(GGUFFormatError, match=r"data offset 32 \(field at offset \d+\) is not 64-byte aligned"):
+        GGUFFile.from_bytes(bad)
+
+
+def test_offsets_past_the_end_and_overlaps_name_byte_ranges():
+    data, _ = C.build([], [("a", (32,), 0, b"\1" * 128), ("b", (32,), 0, b"\2" * 128)])
+    i = data.index(C.s("b")) + len(C.s("b")) + 4 + 8 + 4
+    for off, match in [(1 << 63, r"'b': data \[\d+, \d+\) runs past the end"),
+                       (2 ** 64 - 32, r"runs past the end"),
+                       (96, r"tensors 'a' and 'b' overlap \(\[\d+, \d+\) and \[\d+, \d+\)\)")]:
+        with pytest.raises(GGUFFormatError, match=match):
+            GGUFFile.from_bytes(data[:i] + struct.pack("<Q", off) + data[i + 8:])
+
+
+def test_views_never_leave_the_buffer():
+    """Whatever the file, a tensor view is exactly its claimed bytes inside the image: checked on
+    every structured mutation of a small file (the property the C kernels rely on)."""
+    import random
+    from gemma4cpu import fuzz
+    data, _ = C.small_model_bytes()
+    rng, ok = random.Random(0), 0
+    for _ in range(400):
+        m = fuzz.mutate(data, rng)
+        try:
+            f = GGUFFile.from_bytes(m)
+        except GGUFFormatError:
+            continue
+        ok += 1
+        for t in f.tensors.values():
+            assert 0 <= t.offset and t.offset + t.n_bytes <= len(m) and t.raw().size == t.n_bytes
+    assert ok > 20     # enough mutants parse for the property to mean something
