@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gemma4cpu import kernels as K
-from gemma4cpu.config import ASSISTANT_ARCHS
+from gemma4cpu.config import (ASSISTANT_ARCHS, MAX_DIM, MAX_HEAD_DIM, MAX_LAYERS, INT32_MAX, _is_int, meta_float,
+                              meta_int, meta_per_layer)
 from gemma4cpu.gguf_io import GGUFFile, GGUFFormatError
 from gemma4cpu.model import apply_rope, gelu_mul, rmsnorm, rope_tables
 from gemma4cpu.weights import Mat, _vec
@@ -88,38 +89,41 @@ class AssistantConfig:
                     return v
             return default
 
-        def pos_int(key):
-            v = f.require(p + key)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
-                raise GGUFFormatError(f"{f.path}: {p + key} = {v!r} is not a positive integer")
-            return int(v)
+        def pos_int(key, hi=MAX_DIM):   # typed and bounded (gemma4cpu.config: the file is untrusted)
+            return meta_int(f, p + key, lo=1, hi=hi)
 
-        n_layer = pos_int("block_count")
+        n_layer = pos_int("block_count", hi=min(MAX_LAYERS, max(1, len(f.tensors))))
 
         def per_layer(key):
-            v = f.require(p + key)
-            if isinstance(v, np.ndarray):
-                if v.shape != (n_layer,):
-                    raise GGUFFormatError(f"{f.path}: {p + key} has {v.size} entries for {n_layer} layers")
-                return [int(x) for x in v.tolist()]
-            return [int(v)] * n_layer
+            return meta_per_layer(f, p + key, n_layer, None, 1, MAX_DIM)
+
+        def opt_int(keys):
+            v = get_any(keys, 0)
+            if not _is_int(v) or not 0 <= v <= INT32_MAX:
+                raise GGUFFormatError(f"{f.path}: {p}{keys[0]} = {v!r:.40} is not an integer in [0, {INT32_MAX}]")
+            return int(v)
 
         backbone = get_any(_BACKBONE_KEYS)
         if backbone is None:
             raise GGUFFormatError(f"{f.path}: the backbone width is missing (one of "
                                   f"{', '.join(p + k for k in _BACKBONE_KEYS)})")
+        if not _is_int(backbone) or not 1 <= backbone <= MAX_DIM:
+            raise GGUFFormatError(f"{f.path}: backbone width {backbone!r:.40} is not a positive integer")
         pattern = f.require(p + "attention.sliding_window_pattern")
         if not isinstance(pattern, np.ndarray) or pattern.shape != (n_layer,):
             raise GGUFFormatError(f"{f.path}: {p}attention.sliding_window_pattern must be a bool array "
                                   f"of {n_layer} entries")
         is_swa = [bool(x) for x in pattern.tolist()]
-        hd_full = pos_int("attention.key_length")
-        hd_swa = int(f.get(p + "attention.key_length_swa", hd_full))
+        hd_full = pos_int("attention.key_length", hi=MAX_HEAD_DIM)
+        hd_swa = meta_int(f, p + "attention.key_length_swa", hd_full, lo=1, hi=MAX_HEAD_DIM)
         tokens = f.get("tokenizer.ggml.tokens")
         n_vocab = len(tokens) if isinstance(tokens, list) else f.tensor("token_embd.weight").n_rows
-        use_ordered = bool(get_any(("use_ordered_embeddings",), False))
-        n_c = int(get_any(_NCENT_KEYS, 0) or 0)
-        top_k = int(get_any(_TOPK_KEYS, 0) or 0)
+        use_ordered = get_any(("use_ordered_embeddings",), False)
+        if not isinstance(use_ordered, (bool, np.bool_)) and not (_is_int(use_ordered) and use_ordered in (0, 1)):
+            raise GGUFFormatError(f"{f.path}: {p}use_ordered_embeddings = {use_ordered!r:.40} is not a bool")
+        use_ordered = bool(use_ordered)
+        n_c = opt_int(_NCENT_KEYS)
+        top_k = opt_int(_TOPK_KEYS)
         has_head = _first(f, _CENT) is not None and _first(f, _ORDER) is not None
         if not use_ordered and has_head and n_c and top_k:
             use_ordered = True          # ik files carry the tensors and counts without the flag
@@ -133,7 +137,7 @@ class AssistantConfig:
             n_vocab=n_vocab, n_head=pos_int("attention.head_count"), n_head_kv=per_layer("attention.head_count_kv"),
             head_dim=[hd_swa if s else hd_full for s in is_swa], is_swa=is_swa,
             sliding_window=pos_int("attention.sliding_window"), n_ff=per_layer("feed_forward_length"),
-            eps=float(f.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
+            eps=meta_float(f, p + "attention.layer_norm_rms_epsilon", 1e-6, lo=0.0, hi=1.0, lo_open=True),
             use_ordered=use_ordered, n_centroids=n_c if use_ordered else 0,
             centroid_top_k=top_k if use_ordered else 0)
 

@@ -723,7 +723,8 @@ FORWARD_MAX_BYTES = 32 << 20     # run a forward pass only when the model is thi
 def run_gguf(data: bytes, forward: bool = True, template_timeout: float = 0.25) -> str:
     """The loader target (see the module docstring). Returns an outcome label."""
     from gemma4cpu import chat
-    from gemma4cpu.config import ModelConfig
+    from gemma4cpu.assistant import AssistantConfig
+    from gemma4cpu.config import ASSISTANT_ARCHS, ModelConfig
     from gemma4cpu.model import Model
     from gemma4cpu.tokenizer import Tokenizer
     from gemma4cpu.weights import load_weights
@@ -762,6 +763,10 @@ def run_gguf(data: bytes, forward: bool = True, template_timeout: float = 0.25) 
         except ChatTemplateError as e:
             outcome.append(label(e))
     try:
+        if f.kv.get("general.architecture") in ASSISTANT_ARCHS:     # an MTP drafter (-md): its config
+            AssistantConfig.from_gguf(f)
+            outcome.append("assistant")
+            return " | ".join(outcome)
         cfg = ModelConfig.from_gguf(f)
         w = load_weights(f, cfg)
         outcome.append("weights")

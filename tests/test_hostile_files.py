@@ -166,3 +166,25 @@ def test_seed_model_generates_through_engine(docs, tmp_path):
     eng = Engine(p, threads=1, n_ctx=32, progress=False)
     r = eng.generate("hello world", max_tokens=4)
     assert 1 <= r.stats.n_generated <= 4 and all(0 <= i < eng.n_vocab for i in r.tokens)
+
+
+@pytest.mark.parametrize("key,vtype,value,match", [
+    ("gemma4-assistant.block_count", STR, b"4", r"block_count = '4' is not an integer"),
+    ("gemma4-assistant.attention.key_length_swa", U32, 0, r"key_length_swa = 0 is not a positive integer"),
+    ("gemma4-assistant.n_centroids", STR, b"x", r"n_centroids = 'x' is not an integer"),
+    ("gemma4-assistant.use_ordered_embeddings", U32, 5, r"use_ordered_embeddings = 5 is not a bool"),
+    ("gemma4-assistant.attention.layer_norm_rms_epsilon", F32, -1.0, r"layer_norm_rms_epsilon = -1\.0 is outside"),
+    ("gemma4-assistant.embedding_length_out", F32, 1.5, r"backbone width 1\.5 is not a positive integer"),
+])
+def test_hostile_assistant_metadata(key, vtype, value, match, tmp_path):
+    """The drafter (-md) is a stranger's file too: its configuration goes through the same typed getters."""
+    pytest.importorskip("gguf")
+    from gemma4cpu import synth_model
+    from gemma4cpu.assistant import AssistantConfig
+    p = tmp_path / "a.gguf"
+    synth_model.write_assistant(str(p), "E2B", mix="q8_0", vocab=512, progress=False)
+    d, _ = fuzz.scan(p.read_bytes())
+    AssistantConfig.from_gguf(GGUFFile.from_bytes(fuzz.serialize(d)))          # the file itself is fine
+    f = GGUFFile.from_bytes(fuzz.serialize(_set(d, key, vtype, value)))
+    with pytest.raises(GGUFFormatError, match=match):
+        AssistantConfig.from_gguf(f)
