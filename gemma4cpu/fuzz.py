@@ -763,7 +763,8 @@ def run_gguf(data: bytes, forward: bool = True, template_timeout: float = 0.25) 
         except ChatTemplateError as e:
             outcome.append(label(e))
     try:
-        if f.kv.get("general.architecture") in ASSISTANT_ARCHS:     # an MTP drafter (-md): its config
+        arch = f.kv.get("general.architecture")
+        if isinstance(arch, str) and arch in ASSISTANT_ARCHS:        # an MTP drafter (-md): its config
             AssistantConfig.from_gguf(f)
             outcome.append("assistant")
             return " | ".join(outcome)

@@ -313,7 +313,8 @@ class GGUFFile:
     def arch(self) -> str:
         a = self.kv.get("general.architecture")
         if not isinstance(a, str):
-            raise GGUFFormatError(f"{self.path}: general.architecture is missing")
+            raise GGUFFormatError(f"{self.path}: general.architecture is missing" +
+                                  ("" if a is None else f" (not a string: {type(a).__name__})"))
         return a
 
     def get(self, key: str, default=None):

@@ -188,3 +188,11 @@ def test_hostile_assistant_metadata(key, vtype, value, match, tmp_path):
     f = GGUFFile.from_bytes(fuzz.serialize(_set(d, key, vtype, value)))
     with pytest.raises(GGUFFormatError, match=match):
         AssistantConfig.from_gguf(f)
+
+
+def test_architecture_of_the_wrong_type(docs):
+    """Fuzzer find (in the harness, by a file): general.architecture as an array must be refused by
+    name, not compared element-wise."""
+    for vtype, value in [(ARR, (STR, [b"gemma4", b"gemma4"])), (ARR, (U32, [])), (U32, 4)]:
+        data = fuzz.serialize(_set(docs[G4], "general.architecture", vtype, value))
+        assert "general.architecture is missing (not a string" in fuzz.run_gguf(data)

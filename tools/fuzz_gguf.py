@@ -33,6 +33,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)    # the gemma4cpu of this checkout (e.g. the sanitizer build's copy), not another one
 DATA = os.path.join(ROOT, "tests", "data")
 
 
