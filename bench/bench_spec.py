@@ -22,9 +22,10 @@ host is busy, and say so). Sections:
   a  verify cost c(n), n = 1..9: ours = Model.forward of n tokens at position --prefix (a
      --prefix-token prompt is in the cache; the cache is truncated back after every timed call;
      logits for every row when n > 1, as a verify needs), interleaved rounds (each round times
-     every n once, starting one n later than the round before), one warm-up round, median of
-     --runs; llama.cpp = `llama-bench -p 1,..,9 -n 0 -r <runs>` on the same file (pp n on an empty
-     cache, logits of the last row only), median of its samples. Per-layer cost is extrapolated
+     every (file, n) once, both files loaded, in an order rotated from the round before), one
+     warm-up round, median of --a-runs; llama.cpp = `llama-bench -p 1,..,9 -n 0 -r <a-runs/2>` on the
+     same file, twice per file alternating between the files (pp n on an empty cache, logits of
+     the last row only), median of its samples. Per-layer cost is extrapolated
      linearly to 60 layers: c60(n) = cA(n) + (cB(n) - cA(n)) (60 - A) / (B - A).
   b  draft step: Assistant.draft(tok, h, P, k) next to the A-layer target (P = --prefix), time
      per step (median over --runs calls of k = 1 and of k = 3, per step), vs our c(1).
@@ -35,17 +36,20 @@ host is busy, and say so). Sections:
      the drafter is gemma4cpu.speculative.ReplayDrafter(reference, p_hit=a,
      compute=MTPDrafter(assistant)): every round it runs the real assistant for k steps (cost
      included) and then proposes the reference continuation (the plain greedy output of the same
-     prompt), each token right with probability a. Plain and speculative generate() calls
-     alternate; decode t/s = GenerationStats.decode_tps (time after the first token); median of
-     --runs; the speculative tokens must equal the plain ones. Printed beside the prediction of
+     prompt), each token right with probability a (seeded: the same hits in every run). The
+     Engine is made with draft=<assistant file> (so the assistant is bound to the Engine's own
+     model and KV cache) and the replay drafter wrapping it is then set as `eng.drafter` (what
+     Engine(draft=<Drafter>) would hold). Plain and speculative generate() calls alternate;
+     decode t/s = GenerationStats.decode_tps (time after the first token); median of --e2e-runs;
+     the speculative tokens must equal the plain ones. Printed beside the prediction of
      (a)-(c) for the same A-layer file and for 60 layers.
   e  prefill with the drafter loaded: pp512 = generate() of a 512-token prompt on an empty cache
      (max_tokens=1, GenerationStats.prefill_tps) by an Engine without a drafter and one with the
-     assistant loaded (both alive, alternating), median of --runs; goal ratio >= 0.98.
+     assistant loaded (both alive, alternating, two warm-up rounds), median of --runs; goal ratio >= 0.98.
   f  n-gram drafting (prompt lookup) on the real Gemma 3 270M Q4_K_M (Engine()) on copy-heavy
      completion prompts (a passage then a quotation from it; a function then the same function
      renamed): spec_type "ngram" with draft_max 3, 5 and 5 + spec_autotune vs "none", alternating,
-     median of --runs; acceptance, tokens/round, decode t/s, identical output.
+     median of --e2e-runs; acceptance, tokens/round, decode t/s, identical output.
 """
 from __future__ import annotations
 
@@ -184,28 +188,34 @@ def synth_assistant(mix: str) -> tuple[Path, str]:
 
 # ---- (a) verify cost -------------------------------------------------------------------------
 
-def ours_costs(m, ns, prefix: int, runs: int, cpus, seed: int = 0) -> dict:
-    """Median seconds of forward(n tokens) at position `prefix`, interleaved rounds."""
+def ours_costs(models: dict, ns, prefix: int, runs: int, cpus, seed: int = 0) -> dict:
+    """{key: {"c": {n: seconds}, "runs_s": ..}} of forward(n tokens) at position `prefix` for every
+    model of `models` ({key: Model}, all loaded at once): each round times every (model, n) once,
+    in an order rotated by one from the round before, so that drift on a shared host falls on every
+    file alike (the extrapolation to 60 layers amplifies a difference between the files 9-fold)."""
     rng = np.random.default_rng(seed)
-    V = m.cfg.n_vocab
-    m.cache.truncate(0)
-    m.forward(prompt_tokens(prefix, V, seed=seed))
-    ts = {n: [] for n in ns}
+    for m in models.values():
+        m.cache.truncate(0)
+        m.forward(prompt_tokens(prefix, m.cfg.n_vocab, seed=seed))
+    cells = [(key, n) for key in models for n in ns]
+    ts = {c: [] for c in cells}
     noise = None
     for r in range(runs + 1):                        # round 0 = warm-up
         if r == 1:
             noise = Noise(cpus).start()
-        order = ns[r % len(ns):] + ns[:r % len(ns)]
-        for n in order:
-            toks = rng.integers(1000, min(V, 200000), n)
+        sh = (r * len(ns) // 2 + r) % len(cells)
+        for key, n in cells[sh:] + cells[:sh]:
+            m = models[key]
+            toks = rng.integers(1000, min(m.cfg.n_vocab, 200000), n)
             t0 = time.perf_counter()
             m.forward(toks, "all" if n > 1 else "last")
             dt = time.perf_counter() - t0
             m.cache.truncate(prefix)
             if r:
-                ts[n].append(dt)
+                ts[(key, n)].append(dt)
     others = noise.stop() if noise else None
-    return {"c": {n: t_stat(v) for n, v in ts.items()}, "runs_s": ts, "others_pct": others}
+    return {key: {"c": {n: t_stat(ts[(key, n)]) for n in ns}, "runs_s": {n: ts[(key, n)] for n in ns},
+                  "others_pct": others} for key in models}
 
 
 def llama_costs(exe: str, path: Path, cpus, ns, runs: int) -> dict:
@@ -323,7 +333,8 @@ def prefill_pair(eng_plain, eng_draft, n: int, runs: int, cpus) -> dict:
         eng.reset()
         return r.stats.prefill_tps
 
-    one(eng_plain), one(eng_draft)                   # warm-up
+    for _ in range(2):                               # warm-up: the first calls run slow here (page cache, THP)
+        one(eng_plain), one(eng_draft)
     noise = Noise(cpus).start()
     a, b = [], []
     for r in range(runs):
@@ -429,7 +440,9 @@ def main(argv=None) -> int:
     ap.add_argument("--accept", default=",".join(map(str, ACCEPTS)), help="acceptance rates a (default "
                                                                           "0.5,0.7,0.84,0.95)")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per end-to-end run (default 48; --quick 24)")
-    ap.add_argument("--e2e-runs", type=int, default=3, help="runs of each end-to-end configuration (default 3)")
+    ap.add_argument("--a-runs", type=int, default=None, help="rounds of the verify-cost timing (a) (default 9; "
+                                                             "--quick 3): its 60-layer extrapolation amplifies noise")
+    ap.add_argument("--e2e-runs", type=int, default=3, help="runs of each end-to-end configuration, (d) and (f) (default 3)")
     ap.add_argument("--k-sweep", action=argparse.BooleanOptionalAction, default=None,
                     help="end to end also k = 1..8 at a = 0.84 (default on; off with --quick)")
     ap.add_argument("--ngram-tokens", type=int, default=None, help="tokens per n-gram run (default 160; "
@@ -450,10 +463,11 @@ def main(argv=None) -> int:
     global STAT
     STAT = a.stat
     runs = a.runs if a.runs is not None else (3 if a.quick else 5)
+    a_runs = a.a_runs if a.a_runs is not None else (3 if a.quick else 9)
     tokens = a.tokens if a.tokens is not None else (24 if a.quick else 48)
     ng_tokens = a.ngram_tokens if a.ngram_tokens is not None else (96 if a.quick else 160)
     k_sweep = a.k_sweep if a.k_sweep is not None else not a.quick
-    if runs < 1 or a.e2e_runs < 1:
+    if runs < 1 or a.e2e_runs < 1 or (a.a_runs is not None and a.a_runs < 1):
         ap.error("--runs and --e2e-runs must be >= 1")
     try:
         la, lb = sorted(int(x) for x in a.layers.split(","))
@@ -517,7 +531,7 @@ def main(argv=None) -> int:
                    f"llama.cpp: taskset -c {','.join(map(str, cpus))} llama-bench -t {T}",
         "llama": (f"{lb_exe} = {LLAMA_DESC}; built with {LLAMA_FLAGS} -DCMAKE_BUILD_TYPE=Release"
                   if lb_exe else "absent: " + "; ".join(notes)),
-        "config": f"runs={runs} layers={la},{lb} prefix={a.prefix} n=1..{a.n_max} accept={accepts} "
+        "config": f"runs={runs} a_runs={a_runs} e2e_runs={a.e2e_runs} layers={la},{lb} prefix={a.prefix} n=1..{a.n_max} accept={accepts} "
                   f"stat={a.stat} e2e_tokens={tokens} k_sweep={k_sweep} ngram_tokens={ng_tokens} sections={''.join(sorted(sections))}",
     }
     h = header("gemma4cpu speculative decoding bench (bench/bench_spec.py)", threads=[T], pools={T: pool}, extra=extra)
@@ -538,25 +552,43 @@ def main(argv=None) -> int:
     if "a" in sections:
         print(f"## (a) Verify cost c(n): one forward of n tokens after {a.prefix} cached positions\n")
         for mix in mixes:
-            for L in (la, lb):
-                p = files[(mix, L)]
-                log(f"[a] ours {p.name} ...")
-                m = load_model(p, n_ctx, cpus)
-                r = ours_costs(m, ns, a.prefix, runs, cpus)
+            log(f"[a] ours {mix}: {la} and {lb} layers, interleaved ...")
+            ms = {L: load_model(files[(mix, L)], n_ctx, cpus) for L in (la, lb)}
+            rr = ours_costs(ms, ns, a.prefix, a_runs, cpus)
+            for m in ms.values():
                 close_model(m)
-                del m
-                gc.collect()
+            del ms
+            gc.collect()
+            for L, r in rr.items():
                 costs[("ours", mix, L)] = r["c"]
                 R.setdefault("a", {})[f"ours {mix} {L}"] = r
-                log(f"[a] ours {p.name}: " + " ".join(f"{n}:{1e3 * v:.0f}ms" for n, v in r["c"].items()))
-                if lb_exe:
-                    log(f"[a] llama-bench {p.name} ...")
-                    lr = llama_costs(lb_exe, p, cpus, ns, runs)
-                    R["a"][f"llama {mix} {L}"] = lr
-                    if "error" in lr:
-                        print(f"llama.cpp could not run {p.name}: {lr['error']} (continuing with ours only)\n")
-                    else:
-                        costs[("llama", mix, L)] = lr["c"]
+                log(f"[a] ours {L} layers: " + " ".join(f"{n}:{1e3 * v:.0f}ms" for n, v in r["c"].items()))
+            if lb_exe:
+                # two passes per file, alternating files, each with half the repetitions
+                half = (a_runs + 1) // 2
+                got: dict = {}
+                for rep in range(2):
+                    for L in (la, lb):
+                        p = files[(mix, L)]
+                        log(f"[a] llama-bench {p.name} (pass {rep + 1}/2) ...")
+                        lr = llama_costs(lb_exe, p, cpus, ns, half)
+                        if "error" in lr:
+                            got[L] = lr
+                        elif "error" not in got.get(L, {}):
+                            g = got.setdefault(L, {**lr, "runs_s": {n: [] for n in ns}, "others": []})
+                            for n in ns:
+                                g["runs_s"][n] += lr["runs_s"].get(n, [])
+                            g["others"].append(lr["others_pct"])
+                for L, g in got.items():
+                    p = files[(mix, L)]
+                    if "error" in g:
+                        R["a"][f"llama {mix} {L}"] = g
+                        print(f"llama.cpp could not run {p.name}: {g['error']} (continuing with ours only)\n")
+                        continue
+                    g["c"] = {n: t_stat(v) for n, v in g["runs_s"].items() if v}
+                    g["others_pct"] = max([x for x in g.pop("others") if x is not None], default=None)
+                    R["a"][f"llama {mix} {L}"] = g
+                    costs[("llama", mix, L)] = g["c"]
             for eng in ("ours", "llama"):
                 if (eng, mix, la) in costs and (eng, mix, lb) in costs:
                     costs[(eng, mix, FULL_LAYERS)] = extrapolate(costs[(eng, mix, la)], costs[(eng, mix, lb)], la, lb)
@@ -568,8 +600,8 @@ def main(argv=None) -> int:
                                     (f"{mix} {tag}, llama.cpp", costs.get(("llama", mix, L)))], ns)
         print(md_table(["file / engine", "c(1) ms"] + [f"c({n})/c(1)" for n in ns], rows))
         print(f"\ngemma4cpu: Model.forward at position {a.prefix}, logits for all n rows (a verify's need), "
-              f"{a.stat} of {runs} interleaved rounds. llama.cpp = {LLAMA_SHORT}, built with {LLAMA_FLAGS}: "
-              f"`llama-bench -p 1..{a.n_max} -n 0 -r {runs}` = pp n on an empty cache with the logits of the last "
+              f"{a.stat} of {a_runs} interleaved rounds. llama.cpp = {LLAMA_SHORT}, built with {LLAMA_FLAGS}: "
+              f"`llama-bench -p 1..{a.n_max} -n 0 -r {(a_runs + 1) // 2}`, two passes per file alternating = pp n on an empty cache with the logits of the last "
               f"row only (so its c(n) leaves out n - 1 rows of the LM head), {a.stat} of its samples. "
               f"60-layer rows: c60(n) = c{la}(n) + (c{lb}(n) - c{la}(n)) * {FULL_LAYERS - la}/{lb - la}.")
         for k_, v in R.get("a", {}).items():
@@ -707,8 +739,8 @@ def main(argv=None) -> int:
         print("## (f) n-gram drafting on the real Gemma 3 270M Q4_K_M (copy-heavy completion prompts)\n")
         eng = Engine(threads=T, cpus=cpus, progress=False)
         prompts = dict(list(NGRAM_PROMPTS.items())[:2]) if a.quick else NGRAM_PROMPTS
-        log(f"[f] n-gram, {len(prompts)} prompts x {runs} runs ...")
-        ng = ngram_bench(eng, prompts, ng_tokens, runs, cpus)
+        log(f"[f] n-gram, {len(prompts)} prompts x {a.e2e_runs} runs ...")
+        ng = ngram_bench(eng, prompts, ng_tokens, a.e2e_runs, cpus)
         close_model(eng.model)
         R["f"] = ng
         rows = []
@@ -721,7 +753,7 @@ def main(argv=None) -> int:
                              "yes" if mv["same"] else "NO"])
         print(md_table(["prompt", "drafting", "accepted/drafted", "accept %", "by position %", "tokens/round",
                         "decode t/s", "speedup", "same tokens"], rows))
-        print(f"\n{ng_tokens} tokens per run, greedy; {a.stat} of {runs} alternating runs; speedup = decode t/s over "
+        print(f"\n{ng_tokens} tokens per run, greedy; {a.stat} of {a.e2e_runs} alternating runs; speedup = decode t/s over "
               f"spec_type 'none' in the same run. Prompts (token counts): "
               + ", ".join(f"{n} {v['n_prompt']}" for n, v in ng.items()) + ".\n")
         for name, v in ng.items():
