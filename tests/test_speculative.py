@@ -172,26 +172,32 @@ def _bound(r64, r32):
     return 8.0 * float(np.abs(r32 - r64).max()) + 16 * U32 * float(np.abs(r64).max())
 
 
+def _step_vs_reference(case, P):
+    """State after a P-token prompt: (engine, tok, our step (logits, h_next), float64 reference
+    step, float32 reference step), all on the same prompt and token, f32 KV cache."""
+    ids = _prompts([P], seed=P)[0]
+    r64t, r32t = RefModel(case["target"]), RefModel(case["target"], np.float32)
+    l64, h64, kv64 = r64t.forward(ids, return_kv=True)
+    _, h32, kv32 = r32t.forward(ids, return_kv=True)
+    tok = int(np.argmax(l64[-1]))
+    ref64 = RefAssistant(case["assistant"]).step(r64t, kv64, tok, h64[-1], P)
+    ref32 = RefAssistant(case["assistant"], np.float32).step(r32t, kv32, tok, h32[-1], P)
+    e = Engine(case["target"], draft=case["assistant"], threads=2, n_ctx=64, progress=False,
+               cache_type_k="f32", cache_type_v="f32")
+    _, h = e.model.forward(ids, "last")
+    return e, tok, h[-1], e.assistant.step(tok, h[-1], P), ref64, ref32
+
+
 @pytest.mark.parametrize("P", [4, 7, 12, 19])
 def test_draft_step_matches_reference(tiny, P):
     """Our C-backed step (f32 cache, C attention over the target's cache) vs the float64 numpy
     reference (llama.cpp windows), bound from a float32 reference run on the same state."""
-    ids = _prompts([P], seed=P)[0]
-    r64t, r32t = RefModel(tiny["target"]), RefModel(tiny["target"], np.float32)
-    l64, h64, kv64 = r64t.forward(ids, return_kv=True)
-    _, h32, kv32 = r32t.forward(ids, return_kv=True)
-    tok = int(np.argmax(l64[-1]))
-    ref64 = RefAssistant(tiny["assistant"]).step(r64t, kv64, tok, h64[-1], P)
-    ref32 = RefAssistant(tiny["assistant"], np.float32).step(r32t, kv32, tok, h32[-1], P)
-    e = Engine(tiny["target"], draft=tiny["assistant"], threads=2, n_ctx=64, progress=False,
-               cache_type_k="f32", cache_type_v="f32")
-    lg, h = e.model.forward(ids, "last")
-    got_l, got_h = e.assistant.step(tok, h[-1], P)
+    e, tok, h, (got_l, got_h), ref64, ref32 = _step_vs_reference(tiny, P)
     for got, r64, r32 in ((got_l, ref64[0], ref32[0]), (got_h, ref64[1], ref32[1])):
         tol = _bound(r64, r32)
         assert float(np.abs(got - r64).max()) <= tol
     # a wrong position changes the step by far more than the bound (the check can fail)
-    wrong, _ = e.assistant.step(tok, h[-1], P - 1)
+    wrong, _ = e.assistant.step(tok, h, P - 1)
     assert float(np.abs(wrong - ref64[0]).max()) > 10 * _bound(ref64[0], ref32[0])
 
 
@@ -404,18 +410,8 @@ def test_centroid_head_step_matches_reference(tiny_e, P):
     """Our centroid head (top-k clusters of the centroid logits, their tokens scored, the rest at
     min - 1) vs the float64 reference of it (itself checked against HF's masked_embedding in
     test_ref_model_hf), on the KV-shared e target (the assistant reads target layers 3 and 4)."""
-    ids = _prompts([P], seed=P)[0]
-    r64t, r32t = RefModel(tiny_e["target"]), RefModel(tiny_e["target"], np.float32)
-    l64, h64, kv64 = r64t.forward(ids, return_kv=True)
-    _, h32, kv32 = r32t.forward(ids, return_kv=True)
-    tok = int(np.argmax(l64[-1]))
-    ref64 = RefAssistant(tiny_e["assistant"]).step(r64t, kv64, tok, h64[-1], P)
-    ref32 = RefAssistant(tiny_e["assistant"], np.float32).step(r32t, kv32, tok, h32[-1], P)
-    e = Engine(tiny_e["target"], draft=tiny_e["assistant"], threads=2, n_ctx=64, progress=False,
-               cache_type_k="f32", cache_type_v="f32")
+    e, _, _, (got_l, got_h), ref64, ref32 = _step_vs_reference(tiny_e, P)
     assert e.assistant.clusters is not None and [lw.target_layer for lw in e.assistant.layers] == [3, 3, 3, 4]
-    _, h = e.model.forward(ids, "last")
-    got_l, got_h = e.assistant.step(tok, h[-1], P)
     cfg = e.assistant.cfg
     n_cand = cfg.centroid_top_k * cfg.n_vocab // cfg.n_centroids
     assert int((got_l > got_l.min()).sum()) == n_cand and np.array_equal(got_l > got_l.min(), ref64[0] > ref64[0].min())
