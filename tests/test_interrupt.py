@@ -140,12 +140,14 @@ def test_engine_usable_after_interrupts(eng):
 def test_many_generate_calls_leak_nothing(eng):
     """100 short generate/chat calls (the full 1,000-call check is tools/leak_check.py): thread count
     unchanged, Python allocations flat (tracemalloc), RSS flat. Bounds: a leak of one 4 KiB object per
-    call would add 400 KiB; measured growth over 200 calls: 5 KiB traced, 4 KiB RSS
+    call would add 400 KiB; thread counts may only fall (a leak is growth); measured growth over 200 calls: 5 KiB traced, 4 KiB RSS
     so 256 KiB traced and 32 MiB RSS leave margin for allocator noise while catching a per-call leak
     of logits (1 MiB each) or a KV copy. The planted leak at the end shows the check trips."""
     from leakcheck import run_calls
     res = run_calls(eng, 100, warmup=10)
-    assert res["threads_after"] == res["threads_before"] and res["tasks_after"] == res["tasks_before"], res
+    # A leaked thread shows as growth. OS threads may also *drop* while the calls run: a thread an
+    # earlier test started (a timer, a library's worker) can exit in the meantime (CI saw 16 -> 15).
+    assert res["threads_after"] <= res["threads_before"] and res["tasks_after"] <= res["tasks_before"], res
     assert res["traced_growth"] < 256 << 10, res
     assert res["rss_growth"] < 32 << 20, res
     leaked = []
