@@ -175,10 +175,11 @@ class Assistant:
     """An MTP assistant bound to its target: `draft(tok, h, P, k)` proposes up to k tokens."""
 
     def __init__(self, path: str | os.PathLike, target):
-        """target: the gemma4cpu.model.Model whose KV cache and embedding the drafter uses."""
-        self.path = str(path)
+        """path: the assistant GGUF (or an already parsed GGUFFile); target: the gemma4cpu.model.Model
+        whose KV cache and embedding the drafter uses."""
+        self.file = path if isinstance(path, GGUFFile) else GGUFFile(path)
+        self.path = str(self.file.path)
         self.target = target
-        self.file = GGUFFile(path)
         self.cfg = cfg = AssistantConfig.from_gguf(self.file)
         self._check_fit(target)
         f, tc = self.file, target.cfg

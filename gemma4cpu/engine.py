@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gemma4cpu import chat as chat_mod
-from gemma4cpu.gguf_io import GGUFFormatError
-from gemma4cpu.kv_cache import KVCache
-from gemma4cpu.model import Model
+from gemma4cpu import memory
+from gemma4cpu.config import ModelConfig
+from gemma4cpu.gguf_io import GGUFFile, GGUFFormatError
+from gemma4cpu.model import MAX_CTX, Model, check_int
 from gemma4cpu.sampling import Sampler, SamplingParams
 from gemma4cpu import speculative as spec
 from gemma4cpu.tokenizer import StreamDecoder, Tokenizer
@@ -170,18 +171,27 @@ class Engine:
         if draft is not None and not isinstance(draft, spec.Drafter) and not os.path.exists(draft):
             raise FileNotFoundError(f"draft model file not found: {draft}")
         self.model_path = str(model_path) if model_path is not None else default_model_path()
-        self.model = Model(self.model_path, n_ctx=n_ctx, threads=threads, cpus=cpus,
+        # the memory check counts what the engine holds beside the model: the assistant (its header
+        # is read and checked first, so a malformed -md file is refused before the target loads) and
+        # ctx_checkpoints copies of the sliding-window rings
+        extra, dfile = {}, None
+        if draft is not None and not isinstance(draft, spec.Drafter):
+            from gemma4cpu.assistant import AssistantConfig
+            dfile = GGUFFile(draft)
+            extra["draft model " + os.path.basename(str(draft))] = memory.assistant_bytes(
+                dfile, AssistantConfig.from_gguf(dfile))
+        tfile = GGUFFile(self.model_path)
+        if ctx_checkpoints and not swa_full:
+            rb = memory.ring_bytes(ModelConfig.from_gguf(tfile), check_int("n_ctx", n_ctx, 1, MAX_CTX),
+                                   spec.MAX_DRAFT, max_batch, cache_type_k, cache_type_v)
+            if rb:
+                extra[f"{ctx_checkpoints} ring checkpoints"] = ctx_checkpoints * rb
+        self.model = Model(tfile, n_ctx=n_ctx, threads=threads, cpus=cpus,
                            threads_batch=threads_batch, numa=numa, numa_nodes=numa_nodes, smt=smt, mmap=mmap,
                            mlock=mlock, thp=thp,    # threads and placement: gemma4cpu.numa / placement
                            cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_batch=max_batch,
-                           max_draft=spec.MAX_DRAFT, progress=progress, mem_limit=mem_limit)
-        if swa_full and self.model.cache.ring_layers():     # rebuild with full-size sliding layers
-            c = self.model.cache
-            self.model.cache = None
-            self.model.cache = KVCache.from_config(self.model.cfg, n_ctx, max_draft=c.max_draft,
-                                                   max_batch=c.max_batch, type_k=c.type_k, type_v=c.type_v,
-                                                   swa_full=True)
-            del c
+                           max_draft=spec.MAX_DRAFT, progress=progress, mem_limit=mem_limit, swa_full=swa_full,
+                           memory_extra=extra)
         self.ctx_checkpoints = ctx_checkpoints
         self._ckpts: list[tuple[list[int], object]] = []   # (tokens [0, c), KVCache.RingSnapshot at c)
         self.tokenizer = Tokenizer(self.model.file.kv)
@@ -194,7 +204,7 @@ class Engine:
             self.drafter = draft
         elif draft is not None:
             from gemma4cpu.assistant import Assistant
-            self.assistant = Assistant(draft, self.model)
+            self.assistant = Assistant(dfile, self.model)
             self.drafter = spec.MTPDrafter(self.assistant)
         if self._spec_defaults["spec_type"] == "mtp" and self.drafter is None:
             raise ValueError("spec_type 'mtp' needs a drafter: pass draft='assistant.gguf' (-md), "

@@ -6,10 +6,17 @@ What must be resident (`MemoryPlan`):
   weights   bytes of weights that have to sit in anonymous memory. Mapped weights (the default)
             count 0: they are clean file pages the kernel can drop and re-read, never a reason to
             kill the process. Copies count: the expert matrices of a MoE file in the split form
-            (gate and up stacked per expert, gemma4cpu.weights._moe), every tensor when the file is
-            read instead of mapped (`mmap=False`), and each extra NUMA mirror (`mirrors`).
+            (gate and up stacked per expert, gemma4cpu.weights._moe), and every copy the placement
+            makes of the file's tensors (`copies`, gemma4cpu.placement.weight_copies): one when the
+            file is read instead of mapped (`--no-mmap`) or put on huge pages (THP), one per memory
+            node with `--numa mirror`.
   kv_cache  exactly what KVCache allocates for n_ctx: full layers n_ctx slots, sliding layers
-            window + max(max_draft, max_batch - 1) slots, K and V in their cache types.
+            window + max(max_draft, max_batch - 1) slots (n_ctx with swa_full), K and V in their
+            cache types.
+  extra     what else the engine will hold beside the model, by name: the MTP assistant (`-md`;
+            its weights are mapped, so its copied norm vectors, centroid clusters and step buffers,
+            `assistant_bytes`) and the ring checkpoints (`--ctx-checkpoints` copies of the
+            sliding-window rings, `ring_bytes`).
   buffers   activations of one forward chunk of max_batch tokens (an upper estimate of the numpy
             arrays alive at once), the hidden states of a whole n_ctx prompt, the logits of a verify
             batch, the pool's quantized-activation scratch, and a fixed allowance for the
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GIB = 1 << 30
 OVERHEAD = 128 << 20          # vocabulary tables, Python objects, the kernels' small buffers
@@ -110,44 +117,74 @@ class MemoryPlan:
     weights: int = 0
     kv_cache: int = 0
     buffers: int = 0
+    extra: dict = field(default_factory=dict)      # name -> bytes (the assistant, ring checkpoints)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.buffers
+        return self.weights + self.kv_cache + self.buffers + sum(self.extra.values())
 
     def line(self) -> str:
         return (f"weights {self.weights / GIB:.2f} GiB resident + KV cache {self.kv_cache / GIB:.2f} GiB + "
-                f"buffers {self.buffers / GIB:.2f} GiB")
+                f"buffers {self.buffers / GIB:.2f} GiB"
+                + "".join(f" + {name} {b / GIB:.2f} GiB" for name, b in self.extra.items()))
 
 
-def kv_cache_bytes(cfg, n_ctx: int, max_draft: int, max_batch: int, type_k: str, type_v: str) -> int:
-    """What KVCache.from_config(cfg, n_ctx, max_draft, max_batch, type_k, type_v) allocates."""
+def _slots(cfg, il: int, n_ctx: int, max_draft: int, max_batch: int, swa_full: bool) -> int:
+    w = cfg.sliding_window if cfg.is_swa[il] else 0
+    return n_ctx if w == 0 or swa_full else min(n_ctx, w + max(max_draft, max_batch - 1))
+
+
+def kv_cache_bytes(cfg, n_ctx: int, max_draft: int, max_batch: int, type_k: str, type_v: str,
+                   swa_full: bool = False) -> int:
+    """What KVCache.from_config(cfg, n_ctx, max_draft, max_batch, type_k, type_v, swa_full) allocates."""
     from gemma4cpu import _kernels
     from gemma4cpu.kv_cache import kv_type_id
     tk, tv = kv_type_id(type_k), kv_type_id(type_v)
     total = 0
     for il in range(cfg.n_layer_kv):
-        w = cfg.sliding_window if cfg.is_swa[il] else 0
-        ns = n_ctx if w == 0 else min(n_ctx, w + max(max_draft, max_batch - 1))
+        ns = _slots(cfg, il, n_ctx, max_draft, max_batch, swa_full)
         total += ns * (_kernels.kv_slot_bytes(tk, cfg.n_head_kv[il], cfg.head_dim[il])
                        + _kernels.kv_slot_bytes(tv, cfg.n_head_kv[il], cfg.head_dim[il]))
     return total
 
 
-def resident_weight_bytes(f, cfg, mmap: bool = True, mirrors: int = 1) -> int:
-    """Weight bytes that must be anonymous memory (see the module docstring), from the tensor table."""
-    if not mmap:
-        return sum(t.n_bytes for t in f.tensors.values()) * max(1, mirrors)
-    copies = 0
+def ring_bytes(cfg, n_ctx: int, max_draft: int, max_batch: int, type_k: str, type_v: str,
+               swa_full: bool = False) -> int:
+    """The most one ring checkpoint (KVCache.snapshot) holds: K, V and positions of every ring layer."""
+    from gemma4cpu import _kernels
+    from gemma4cpu.kv_cache import kv_type_id
+    tk, tv = kv_type_id(type_k), kv_type_id(type_v)
+    total = 0
+    for il in range(cfg.n_layer_kv):
+        ns = _slots(cfg, il, n_ctx, max_draft, max_batch, swa_full)
+        if cfg.is_swa[il] and ns < n_ctx:
+            total += ns * (_kernels.kv_slot_bytes(tk, cfg.n_head_kv[il], cfg.head_dim[il])
+                           + _kernels.kv_slot_bytes(tv, cfg.n_head_kv[il], cfg.head_dim[il]) + 4)
+    return total
+
+
+def resident_weight_bytes(f, cfg, copies: int = 0) -> int:
+    """Weight bytes that must be anonymous memory (see the module docstring), from the tensor table:
+    the split MoE expert matrices plus `copies` copies of the file's tensor data (0: mapped)."""
+    split = 0
     if cfg.n_expert:
         for il in range(cfg.n_layer):
             p = f"blk.{il}."
             if p + "ffn_gate_up_exps.weight" not in f.tensors:
                 for nm in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
                     t = f.tensors.get(p + nm)
-                    copies += t.n_bytes if t is not None else 0
-    mapped = sum(t.n_bytes for t in f.tensors.values())
-    return copies + mapped * max(0, mirrors - 1)
+                    split += t.n_bytes if t is not None else 0
+    return split + sum(t.n_bytes for t in f.tensors.values()) * max(0, int(copies))
+
+
+def assistant_bytes(f, cfg) -> int:
+    """Anonymous memory of an MTP assistant (gemma4cpu.assistant; its matrices stay mapped): the norm
+    vectors it copies as float32, the centroid clusters (int64 per token) and a draft step's arrays
+    (logits and scores over the vocabulary), plus 8 MiB for the rest."""
+    vecs = sum(4 * t.n_elements for t in f.tensors.values()
+               if len(t.dims) == 1 and t.type_name in ("F32", "F16", "BF16"))
+    clusters = 8 * cfg.n_vocab if cfg.use_ordered else 0
+    return vecs + clusters + 4 * 4 * cfg.n_vocab + (8 << 20)
 
 
 def buffer_bytes(cfg, n_ctx: int, max_draft: int, max_batch: int) -> int:
@@ -168,10 +205,10 @@ def buffer_bytes(cfg, n_ctx: int, max_draft: int, max_batch: int) -> int:
 
 
 def plan(f, cfg, n_ctx: int, type_k: str = "f16", type_v: str = "f16", max_draft: int = 16,
-         max_batch: int = 256, mmap: bool = True, mirrors: int = 1) -> MemoryPlan:
-    return MemoryPlan(resident_weight_bytes(f, cfg, mmap, mirrors),
-                      kv_cache_bytes(cfg, n_ctx, max_draft, max_batch, type_k, type_v),
-                      buffer_bytes(cfg, n_ctx, max_draft, max_batch))
+         max_batch: int = 256, copies: int = 0, swa_full: bool = False, extra: dict | None = None) -> MemoryPlan:
+    return MemoryPlan(resident_weight_bytes(f, cfg, copies),
+                      kv_cache_bytes(cfg, n_ctx, max_draft, max_batch, type_k, type_v, swa_full),
+                      buffer_bytes(cfg, n_ctx, max_draft, max_batch), dict(extra or {}))
 
 
 def check(p: MemoryPlan, what: str, limit=None) -> None:

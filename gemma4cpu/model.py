@@ -172,10 +172,14 @@ class Model:
                  cpus: list[int] | None = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
                  threads_batch: int | None = None, numa: str = "auto", numa_nodes: list[int] | None = None,
                  smt: bool = False, mmap: bool = True, mlock: bool = False, thp: bool = False, topology=None,
-                 max_draft: int = 16, max_batch: int = 256, progress: bool = True, mem_limit=None):
+                 max_draft: int = 16, max_batch: int = 256, progress: bool = True, mem_limit=None,
+                 swa_full: bool = False, memory_extra: dict | None = None):
         """path: a GGUF file (or an already parsed GGUFFile). progress: print stage messages on
         stderr if loading takes more than a second. mem_limit: bytes (or '8G') this model may use,
-        instead of the available memory (gemma4cpu.memory; GEMMA4CPU_MEM_LIMIT does the same)."""
+        instead of the available memory (gemma4cpu.memory; GEMMA4CPU_MEM_LIMIT does the same).
+        swa_full: sliding layers keep the whole context (KVCache swa_full). memory_extra: {name:
+        bytes} the caller will hold beside the model (an assistant, ring checkpoints), counted in
+        the memory check."""
         n_ctx = check_int("n_ctx", n_ctx, 1, MAX_CTX)
         max_batch = check_int("max_batch", max_batch, 1, 1 << 16)
         max_draft = check_int("max_draft", max_draft, 0, 1 << 10)
@@ -186,12 +190,16 @@ class Model:
             self.file = path if isinstance(path, GGUFFile) else GGUFFile(path)
             pr.stage = "reading the configuration"
             self.cfg = ModelConfig.from_gguf(self.file)
+            # the NUMA plan first: it decides how many copies of the weights placement makes
+            planned = placement.make_plan(threads, cpus, threads_batch, numa, numa_nodes, smt, topology)
+            copies = placement.weight_copies(planned[1], mmap, thp)
             # refuse before anything large exists (KV cache, copies of weights), not by the OOM killer
-            # (mirror copies per NUMA node are not counted yet: the plan that decides them comes later)
             self.memory_plan = memory.plan(self.file, self.cfg, n_ctx, cache_type_k, cache_type_v, max_draft,
-                                           max_batch, mmap=mmap and not thp)
+                                           max_batch, copies=copies, swa_full=swa_full, extra=memory_extra)
             memory.check(self.memory_plan, f"{self.file.path} with n_ctx={n_ctx} "
-                         f"({cache_type_k}/{cache_type_v} cache)", mem_limit)
+                         f"({cache_type_k}/{cache_type_v} cache"
+                         + (f", {copies} cop{'y' if copies == 1 else 'ies'} of the weights" if copies else "")
+                         + ")", mem_limit)
             pr.stage = f"mapping the weights of {self.cfg.n_layer} layers"
             self.w = load_weights(self.file, self.cfg)
             self.n_ctx = n_ctx
@@ -199,14 +207,14 @@ class Model:
             # threads, pools and weight pages by the NUMA plan (gemma4cpu.numa, gemma4cpu.placement):
             # pool serves one-token calls, pool_batch (-tb) the others; warnings as NumaWarning
             self.numa = placement.setup(self.file, self.w, threads, cpus, threads_batch, numa, numa_nodes, smt,
-                                        mmap, mlock, thp, topology)
+                                        mmap, mlock, thp, topology, planned=planned)
             self.numa_plan, self.pool, self.pool_batch = self.numa.plan, self.numa.pool, self.numa.pool_batch
             self._pool = self.pool  # the pool of the call in progress (forward picks it)
             self.max_batch = max_batch
             pr.stage = f"allocating the KV cache for {n_ctx} positions"
             try:
                 self.cache = KVCache.from_config(self.cfg, n_ctx, max_draft=max_draft, max_batch=self.max_batch,
-                                                 type_k=cache_type_k, type_v=cache_type_v)
+                                                 type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full)
             except MemoryError as e:
                 raise MemoryError(f"not enough memory for a KV cache of {n_ctx} positions "
                                   f"({cache_type_k}/{cache_type_v}): {e}; lower n_ctx (-c) or use a "

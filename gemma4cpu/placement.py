@@ -462,6 +462,14 @@ def _ranges_for(plan, mats, copy_index: int | None = None) -> list[Range]:
     return out
 
 
+def weight_copies(plan, mmap: bool = True, thp: bool = False) -> int:
+    """How many anonymous copies of the file's tensor data place_weights makes under plan: 0 (mapped),
+    1 (--no-mmap or THP), one per memory node for mirror (what gemma4cpu.memory counts)."""
+    if plan.mode == "mirror":
+        return max(1, len(plan.mem_nodes))
+    return 1 if (not mmap) or thp else 0
+
+
 def place_weights(f, weights, plan, mmap: bool = True, mlock: bool = False, thp: bool = False,
                   live: bool = True, sample: int | None = 64, force: bool = False) -> Report:
     """Place the weight matrices of `weights` (views into GGUF file f) for plan, in place:
@@ -478,7 +486,7 @@ def place_weights(f, weights, plan, mmap: bool = True, mlock: bool = False, thp:
     t0 = now()
     mats = weights.mats()
     mode = plan.mode
-    copy = (not mmap) or thp or mode == "mirror"
+    copy = weight_copies(plan, mmap, thp) > 0
     rep = Report(mode=mode, mmap=not copy)
     if live and mode != "none":
         ok, why = available()
@@ -492,7 +500,7 @@ def place_weights(f, weights, plan, mmap: bool = True, mlock: bool = False, thp:
     hi = max(addr_of(m.rows) + m.rows.nbytes for m in in_file)
     one_node = len(_allowed_mems()) == 1 and set(plan.mem_nodes) <= set(_allowed_mems())
     if copy:
-        n_copies = len(plan.mem_nodes) if mode == "mirror" and plan.mem_nodes else 1
+        n_copies = weight_copies(plan, mmap, thp)
         size = hi - lo
         if live:
             _check_room(plan, size, mode)
@@ -682,16 +690,26 @@ def _warn(msgs):
         warnings.warn(m, NumaWarning, stacklevel=4)
 
 
+def make_plan(threads=None, cpus=None, threads_batch=None, numa="auto", numa_nodes=None, smt: bool = False,
+              topology=None):
+    """(topology, gemma4cpu.numa.plan(...)) for setup's arguments; Model plans first, so that the
+    memory check can count the copies the plan will make (weight_copies)."""
+    from gemma4cpu import numa as numa_mod
+    topo = topology if topology is not None else numa_mod.read_topology("/")
+    return topo, numa_mod.plan(topo, numa, threads=threads, threads_batch=threads_batch, cpus=cpus,
+                               nodes=numa_nodes, smt=smt)
+
+
 def setup(f, weights, threads=None, cpus=None, threads_batch=None, numa="auto", numa_nodes=None,
-          smt: bool = False, mmap: bool = True, mlock: bool = False, thp: bool = False, topology=None) -> Setup:
+          smt: bool = False, mmap: bool = True, mlock: bool = False, thp: bool = False, topology=None,
+          planned=None) -> Setup:
     """Plan (gemma4cpu.numa.plan) threads and placement for a model, create its pools and place its
     weights (see place_weights). topology: a gemma4cpu.numa.Topology (default: this machine; a fake
-    tree plans and pins but leaves memory alone). Issues NumaWarning for what the user should know."""
-    from gemma4cpu import numa as numa_mod
+    tree plans and pins but leaves memory alone). planned: make_plan's (topology, plan) for these
+    arguments, when the caller has planned already. Issues NumaWarning for what the user should know."""
     t0 = now()
-    topo = topology if topology is not None else numa_mod.read_topology("/")
-    p = numa_mod.plan(topo, numa, threads=threads, threads_batch=threads_batch, cpus=cpus, nodes=numa_nodes,
-                      smt=smt)
+    topo, p = planned if planned is not None else make_plan(threads, cpus, threads_batch, numa, numa_nodes, smt,
+                                                            topology)
     pool, pool_batch = make_pools(p)
     t1 = now()
     rep = place_weights(f, weights, p, mmap=mmap, mlock=mlock, thp=thp, live=topo.live)

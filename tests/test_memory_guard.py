@@ -100,12 +100,103 @@ def test_cgroup_limit_is_used(monkeypatch):
 
 
 def test_structure_for_copies_and_mirrors(path):
-    """Weights count when they must be resident: read instead of mapped, or mirrored per NUMA node."""
+    """Weights count when they must be resident: read instead of mapped, or mirrored per NUMA node
+    (mirror copies every node's weights into anonymous memory, mapped or not: placement.weight_copies
+    is what place_weights itself uses)."""
+    from gemma4cpu import numa, placement
     from gemma4cpu.config import ModelConfig
     from gemma4cpu.gguf_io import GGUFFile
     f = GGUFFile(path)
     cfg = ModelConfig.from_gguf(f)
     total = sum(t.n_bytes for t in f.tensors.values())
     assert memory.resident_weight_bytes(f, cfg) == 0
-    assert memory.resident_weight_bytes(f, cfg, mmap=False) == total
-    assert memory.resident_weight_bytes(f, cfg, mirrors=3) == 2 * total
+    assert memory.resident_weight_bytes(f, cfg, copies=1) == total
+    assert memory.resident_weight_bytes(f, cfg, copies=3) == 3 * total
+    epyc = numa.read_topology(os.path.join(os.path.dirname(__file__), "data", "numa", "epyc9655_2s_nps4"))
+    got = {(mode, mmap, thp): placement.weight_copies(numa.plan(epyc, mode), mmap, thp)
+           for mode in ("none", "distribute", "mirror") for mmap in (True, False) for thp in (False, True)}
+    assert got == {("none", True, False): 0, ("none", False, False): 1, ("none", True, True): 1,
+                   ("none", False, True): 1, ("distribute", True, False): 0, ("distribute", False, False): 1,
+                   ("distribute", True, True): 1, ("distribute", False, True): 1,
+                   **{("mirror", m, t): 8 for m in (True, False) for t in (False, True)}}
+
+
+def _stop_after_check(monkeypatch):
+    """Model stops right after the memory check (a sentinel instead of load_weights): the check alone
+    decides, and nothing pins, maps or allocates."""
+    from gemma4cpu import model as model_mod
+
+    class Passed(Exception):
+        pass
+
+    def passed(*a, **k):
+        raise Passed
+    monkeypatch.setattr(model_mod, "load_weights", passed)
+    return model_mod.Model, Passed
+
+
+def test_mirror_and_no_mmap_copies_are_counted(path, monkeypatch):
+    """--numa mirror on a (fake) 8-node machine needs 8 copies of the weights and --no-mmap one:
+    the plan is made before the check, so the check counts them, names them, and refuses a limit
+    one byte short; the exact need passes."""
+    from gemma4cpu import numa
+    from gemma4cpu.config import ModelConfig
+    from gemma4cpu.gguf_io import GGUFFile
+    Model, Passed = _stop_after_check(monkeypatch)
+    f = GGUFFile(path)
+    total = sum(t.n_bytes for t in f.tensors.values())
+    epyc = numa.read_topology(os.path.join(os.path.dirname(__file__), "data", "numa", "epyc9655_2s_nps4"))
+    base = memory.plan(f, ModelConfig.from_gguf(f), 512)          # Model's defaults: max_draft 16, max_batch 256
+    for kw, copies, note in [(dict(numa="mirror", topology=epyc), 8, "8 copies of the weights"),
+                             (dict(numa="none", mmap=False), 1, "1 copy of the weights"),
+                             (dict(numa="none"), 0, None)]:
+        need = base.total + copies * total
+        with pytest.raises(InsufficientMemoryError) as ei:
+            Model(path, n_ctx=512, progress=False, mem_limit=need - 1, **kw)
+        msg = str(ei.value)
+        assert f"weights {copies * total / memory.GIB:.2f} GiB resident" in msg, msg
+        assert (note in msg) if note else "cop" not in msg, msg
+        with pytest.raises(Passed):
+            Model(path, n_ctx=512, progress=False, mem_limit=need, **kw)
+
+
+def test_swa_full_and_ring_checkpoints_are_counted(path):
+    """swa_full: the KV cache is allocated once, at full size, and the estimate is that allocation;
+    ctx_checkpoints: each checkpoint of the rings is counted at its largest, which is what a
+    snapshot of wrapped rings holds."""
+    from gemma4cpu.engine import Engine
+    e = Engine(path, n_ctx=1024, threads=1, progress=False, swa_full=True)
+    assert e.model.memory_plan.kv_cache == e.model.cache.nbytes
+    assert not e.model.cache.ring_layers() and e.model.memory_plan.extra == {}
+    e = Engine(path, n_ctx=1024, threads=1, progress=False, ctx_checkpoints=3, max_batch=64)
+    assert e.model.memory_plan.kv_cache == e.model.cache.nbytes
+    (name, b), = e.model.memory_plan.extra.items()
+    assert name == "3 ring checkpoints"
+    e.generate(list(range(1000, 1000 + 900)), max_tokens=1)        # past the 512-token window: rings wrap
+    snap = e.model.cache.snapshot()
+    assert b == 3 * snap.nbytes, (b, snap.nbytes)
+    with pytest.raises(InsufficientMemoryError, match=r"\+ 3 ring checkpoints 0\.\d\d GiB\), has"):
+        Engine(path, n_ctx=1024, threads=1, progress=False, ctx_checkpoints=3, max_batch=64,
+               mem_limit=e.model.memory_plan.total - 1)
+
+
+def test_the_assistant_is_counted(path, tmp_path):
+    """-md: the assistant's copies (norm vectors, clusters) and step buffers are part of the check,
+    named, and counted before anything loads: one byte short of target + assistant is refused; the
+    exact need passes the check and goes on to the fit check (this synthetic E2B assistant does not
+    fit the Gemma 3 target, which is refused by name after the check)."""
+    pytest.importorskip("gguf")
+    from gemma4cpu import synth_model
+    from gemma4cpu.assistant import AssistantConfig, DrafterMismatchError
+    from gemma4cpu.engine import Engine
+    from gemma4cpu.gguf_io import GGUFFile
+    asst = tmp_path / "a.gguf"
+    synth_model.write_assistant(str(asst), "E2B", mix="q8_0", vocab=512, progress=False)
+    f = GGUFFile(asst)
+    want = memory.assistant_bytes(f, AssistantConfig.from_gguf(f))
+    assert want >= sum(4 * t.n_elements for t in f.tensors.values() if len(t.dims) == 1) + (8 << 20)
+    need = Engine(path, n_ctx=64, threads=1, progress=False).model.memory_plan.total + want
+    with pytest.raises(InsufficientMemoryError, match=r"\+ draft model a\.gguf 0\.\d\d GiB\), has"):
+        Engine(path, draft=asst, n_ctx=64, threads=1, progress=False, mem_limit=need - 1)
+    with pytest.raises(DrafterMismatchError):
+        Engine(path, draft=asst, n_ctx=64, threads=1, progress=False, mem_limit=need)
