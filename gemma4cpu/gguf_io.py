@@ -227,7 +227,7 @@ class GGUFFile:
         c = _Cursor(buf, self.size)
         magic = bytes(buf[:4])
         if magic != GGUF_MAGIC:
-            raise GGUFFormatError(f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+            raise GGUFFormatError(f"not a GGUF file (magic {magic!r} at offset 0, expected b'GGUF')")
         c.pos = 4
         self.version = c.unpack("<I", "version")
         if self.version not in (2, 3):

@@ -267,3 +267,59 @@ def test_views_never_leave_the_buffer():
         for t in f.tensors.values():
             assert 0 <= t.offset and t.offset + t.n_bytes <= len(m) and t.raw().size == t.n_bytes
     assert ok > 20     # enough mutants parse for the property to mean something
+
+
+# --- every class names its field and the exact byte offset (header = 24 bytes, first entry at 24) ---
+
+def _hdr(n_tensors, n_kv):
+    return b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv)
+
+
+def _info(name, dims, ttype, off):
+    return C.s(name) + struct.pack("<I", len(dims)) + struct.pack("<" + "Q" * len(dims), *dims) + \
+        struct.pack("<IQ", ttype, off)
+
+
+_PAD = b"\0" * 256
+_T1 = _info("t", (32,), 0, 0)                    # 't' info at 24: n_dims 33, dims 37, type 45, offset 49
+
+
+@pytest.mark.parametrize("data,message", [
+    (b"GGUX" + _PAD, r"not a GGUF file \(magic b'GGUX' at offset 0"),
+    (b"GGUF" + struct.pack("<I", 7) + _PAD, r"unsupported GGUF version 7 at offset 4"),
+    (_hdr(0, 1 << 50) + _PAD, r"counts at offset 8"),
+    (_hdr(0, 1) + struct.pack("<Q", 1 << 62) + _PAD, r"metadata key #0: string length \d+ at offset 24"),
+    (_hdr(0, 1) + struct.pack("<Q", 40) + b"k" * 10, r"truncated file: metadata key #0 needs 40 bytes at offset 32"),
+    (_hdr(0, 1) + C.s(b"ba\xffd") + _PAD, r"metadata key #0: invalid UTF-8 at offset 34"),
+    (_hdr(0, 1) + C.s("k") + struct.pack("<I", 77) + _PAD, r"metadata 'k': unknown value type 77 at offset 33"),
+    (_hdr(0, 1) + C.s("k") + struct.pack("<IB", C.BOOL, 2) + _PAD, r"metadata 'k': bool value 2 at offset 37"),
+    (_hdr(0, 1) + C.s("k") + struct.pack("<IIQ", C.ARR, C.U32, 1 << 40) + _PAD,
+     r"metadata 'k': array of \d+ elements at offset 37"),
+    (_hdr(0, 1) + C.s("k") + struct.pack("<IIQ", C.ARR, 99, 1) + _PAD,
+     r"metadata 'k': unsupported array element type 99 at offset 37"),
+    (_hdr(0, 1) + C.s("k") + struct.pack("<IIQ", C.ARR, C.BOOL, 2) + b"\0\5" + _PAD,
+     r"metadata 'k': bool array holds values other than 0/1 \(offset 37\)"),
+    (_hdr(0, 2) + C.kv("a", C.U32, 1) + C.kv("a", C.U32, 2) + _PAD,
+     r"duplicate metadata key 'a' at offset 41 \(first at offset 24\)"),
+    (_hdr(0, 1) + C.kv("general.alignment", C.U32, 24) + _PAD, r"general.alignment=24 \(at offset 24\)"),
+    (_hdr(2, 0) + _T1 + _T1 + _PAD, r"duplicate tensor 't' at offset 57"),
+    (_hdr(1, 0) + C.s(b"t\xfe") + _PAD, r"tensor #0 name: invalid UTF-8 at offset 33"),
+    (_hdr(1, 0) + C.s("t") + struct.pack("<I", 9) + _PAD, r"tensor 't': 9 dimensions \(1..4 allowed\) at offset 24"),
+    (_hdr(1, 0) + _info("t", (32,), 99, 0) + _PAD, r"tensor 't': unknown ggml type 99 at offset 45"),
+    (_hdr(1, 0) + _info("t", (32, 0), 0, 0) + _PAD, r"tensor 't': zero dimension in \[32, 0\] \(tensor info at offset 24\)"),
+    (_hdr(1, 0) + _info("t", (33,), 8, 0) + _PAD, r"tensor 't': first dim 33 .* block size 32 \(tensor info at offset 24\)"),
+    (_hdr(1, 0) + _info("t", (1 << 20, 1 << 20), 0, 0) + _PAD,
+     r"tensor 't': .* more than the whole file \(\d+\) \(tensor info at offset 24\)"),
+    (_hdr(1, 0) + _info("t", (1 << 62, 1 << 62), 0, 0) + _PAD, r"tensor 't': .* overflow int64 \(tensor info at offset 24\)"),
+    (_hdr(1, 0) + _info("t", (32,), 0, 8) + _PAD, r"tensor 't': data offset 8 \(field at offset 49\) is not 32-byte aligned"),
+    (_hdr(1, 0) + _info("t", (32,), 0, 64) + b"\0" * 100, r"tensor 't': data \[128, 256\) runs past the end of the file "
+                                                          r"\(157 bytes\)"),
+    (_hdr(1, 0) + _info("t", (32,), 0, 0)[:-3], r"truncated file: tensor 't' offset needs 8 bytes at offset 49, only 5 left"),
+])
+def test_every_class_names_the_field_and_its_offset(data, message, tmp_path):
+    """The byte offset in each refusal is the offending field's own (computed by hand from the layout),
+    so a message with a wrong or missing offset fails here, from memory and from a file alike."""
+    for load in (lambda: GGUFFile.from_bytes(data), lambda: GGUFFile(_write(tmp_path, data))):
+        with pytest.raises(GGUFFormatError, match=message) as ei:
+            load()
+        assert type(ei.value) is GGUFFormatError
