@@ -196,3 +196,30 @@ def test_architecture_of_the_wrong_type(docs):
     for vtype, value in [(ARR, (STR, [b"gemma4", b"gemma4"])), (ARR, (U32, [])), (U32, 4)]:
         data = fuzz.serialize(_set(docs[G4], "general.architecture", vtype, value))
         assert "general.architecture is missing (not a string" in fuzz.run_gguf(data)
+
+
+def test_malformed_assistant_file_is_refused_before_the_target_loads(tmp_path):
+    """-md a truncated, a wrongly typed or a target-architecture file: GGUFFormatError naming the
+    field (and the byte offset for a structural defect), raised while the assistant's header is read,
+    before the target is opened (the target here is an empty file, which would be refused by name)."""
+    pytest.importorskip("gguf")
+    from gemma4cpu import synth_model
+    from gemma4cpu.engine import Engine
+    good = tmp_path / "a.gguf"
+    synth_model.write_assistant(str(good), "E2B", mix="q8_0", vocab=512, progress=False)
+    data = good.read_bytes()
+    end = max(t.offset + t.n_bytes for t in GGUFFile(good).tensors.values())    # past it: alignment padding
+    tgt = tmp_path / "target.gguf"
+    tgt.write_bytes(b"")
+    d, _ = fuzz.scan(data)
+    cases = [(data[:10], "too small to be a GGUF file")]
+    cases += [(data[:n], r"offset \d+|\[\d+, \d+\)") for n in (30, end // 50, end // 2, end - 1)]
+    cases += [(fuzz.serialize(_set(d, "gemma4-assistant.block_count", STR, b"4")), r"block_count = '4' is not an int"),
+              (fuzz.serialize(_set(d, "general.architecture", STR, b"gemma4")), r"is not a Gemma 4 MTP assistant")]
+    for i, (bad, match) in enumerate(cases):
+        p = tmp_path / f"bad{i}.gguf"
+        p.write_bytes(bad)
+        with pytest.raises(GGUFFormatError, match=match) as ei:
+            Engine(tgt, draft=p, n_ctx=32, threads=1, progress=False)
+        assert f"bad{i}.gguf" in str(ei.value) or "offset" in str(ei.value), ei.value
+        assert "target.gguf" not in str(ei.value)
