@@ -196,6 +196,22 @@ def test_queued_requests_are_served_in_turn(client):
     ("/v1/completions", b'{"prompt": "x", "top_p": 0}', "top_p"),
     ("/v1/completions", b'{"prompt": "x", "seed": "abc"}', "seed"),
     ("/v1/completions", b'{"prompt": "x", "presence_penalty": 1.0}', "presence_penalty"),
+    ("/v1/completions", b'{"prompt": "x", "top_k": -1}', "top_k"),
+    ("/v1/completions", b'{"prompt": "x", "top_k": "5"}', "top_k"),
+    ("/v1/completions", b'{"prompt": "x", "min_p": 2}', "min_p"),
+    ("/v1/completions", b'{"prompt": "x", "repeat_penalty": 0}', "repeat_penalty"),
+    ("/v1/completions", b'{"prompt": "x", "repeat_last_n": -1}', "repeat_last_n"),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": true}', "max_tokens"),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 1e300}', "max_tokens"),
+    ("/v1/completions", b'{"prompt": "x", "n_predict": -2}', "n_predict"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', "temperature"),
+    ("/v1/completions", b'{"prompt": "x", "top_p": Infinity}', "top_p"),
+    ("/v1/completions", b'{"prompt": "x", "stop": ["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o",'
+                        b'"p","q"]}', "stop"),
+    ("/v1/completions", b'{"prompt": [-1]}', "prompt"),
+    ("/v1/completions", b'{"prompt": [1, 2.5]}', "prompt"),
+    ("/v1/completions", b'{"prompt": [1, true]}', "prompt"),
+    ("/v1/completions", b'{"prompt": []}', "prompt"),
 ])
 def test_bad_requests_get_400_with_a_message(server, path, body, param):
     status, js = _post(server, path, body)
@@ -207,6 +223,12 @@ def test_bad_requests_get_400_with_a_message(server, path, body, param):
 def test_too_long_prompt_and_unknown_route(server):
     status, js = _post(server, "/v1/completions", json.dumps({"prompt": "word " * (N_CTX + 10)}).encode())
     assert status == 400 and js["error"]["code"] == "context_length_exceeded"
+    status, js = _post(server, "/v1/completions", json.dumps({"prompt": [2] * N_CTX}).encode())   # ids too
+    assert status == 400 and js["error"]["code"] == "context_length_exceeded", js
+    assert f"context holds {N_CTX}" in js["error"]["message"]
+    status, js = _post(server, "/v1/chat/completions", json.dumps(
+        {"messages": [{"role": "user", "content": "word " * (N_CTX + 10)}]}).encode())
+    assert status == 400 and js["error"]["code"] == "context_length_exceeded", js
     status, js = _post(server, "/v1/nothing", b"{}")
     assert status == 404 and js["error"]["message"]
     assert _get(server, "/health")["status"] == "ok"          # still serving
