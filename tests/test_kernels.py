@@ -215,3 +215,53 @@ def test_bad_arguments_are_refused():
         K.matmul(pool, "Q4_K", w, 512, np.zeros((1, 256), np.float32))
     with pytest.raises(ValueError, match="unsupported"):
         K.matmul(pool, "IQ4_XS", w, 512, x)
+
+
+@pytest.mark.parametrize("t", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0"])
+def test_small_batch_long_rows_equal_reference_and_single_token(isa, rng, t):
+    """Every n_tok = 1..16 on the 31B FFN-down width (k = 21504: the activations of one call do not
+    fit one stack chunk, so the chunk loop and its carried accumulators run), with a row count that
+    is no multiple of any row group: bit-identical to the scalar reference and to the 1-token result."""
+    k, n_rows = 21504, 19
+    w = random_rows(t, n_rows, k, rng)
+    x = rng.standard_normal((16, k)).astype(np.float32)
+    x[3, : k // 2] = 0.0  # zero blocks (d = 0) in the middle of a batch
+    single = np.stack([K.gemm_rows(t, w, k, _act(t, x[i:i + 1])[0], np.empty((1, n_rows), np.float32))[0]
+                       for i in range(16)])
+    for n in range(1, 17):
+        xa = _act(t, x[:n])[0]
+        y = K.gemm_rows(t, w, k, xa, np.full((n, n_rows), np.nan, np.float32))
+        np.testing.assert_array_equal(y.view(np.uint32), single[:n].view(np.uint32), err_msg=f"n={n}")
+        if isa != "ref":
+            with isa_mod.use("ref"):
+                yr = K.gemm_rows(t, w, k, xa, np.full((n, n_rows), np.nan, np.float32))
+            np.testing.assert_array_equal(y.view(np.uint32), yr.view(np.uint32), err_msg=f"n={n} vs ref")
+
+
+@pytest.mark.parametrize("t", ["Q4_K", "Q5_K", "Q6_K"])
+def test_activation_byte_minus_128_equals_reference(isa, rng, t):
+    """The quantiser never emits -128, but a Q8_K block may hold it (kernels take activation bytes
+    from callers): a batch with one such byte (bsums kept consistent) equals the reference and the
+    single-token result. The Q6_K batch path keeps per-lane sums in int16 only for |x| <= 127."""
+    k, n_rows = 1024, 11
+    w = random_rows(t, n_rows, k, rng)
+    x = rng.standard_normal((6, k)).astype(np.float32)
+    xa = np.array(_act(t, x)[0], copy=True)
+    blk = xa.reshape(6, -1, 292)  # Q8_K: f32 d, int8 qs[256], int16 bsums[16]
+    qs = blk[..., 4:260].view(np.int8)
+    for tok, b, i in ((2, 1, 37), (5, 3, 255), (0, 0, 0)):
+        qs[tok, b, i] = -128
+        bs = qs[tok, b].astype(np.int32).reshape(16, 16).sum(1).astype(np.int16)
+        blk[tok, b, 260:292] = bs.view(np.uint8)
+    blk[4, 2, 4:260] = np.uint8(0x80)  # a whole block of -128 ...
+    blk[4, 2, 260:292] = np.full(16, -128 * 16, np.int16).view(np.uint8)
+    if t == "Q6_K":  # ... against a row of q = 0 (q - 32 = -32): 8 products of 4096 per lane = 32768,
+        w = np.array(w, copy=True)  # one past int16, the case the batch path must not pack
+        w.reshape(n_rows, -1, 210)[0, 2, :192] = 0  # ql, qh = 0; scales and d kept
+    single = np.stack([K.gemm_rows(t, w, k, xa[i:i + 1], np.empty((1, n_rows), np.float32))[0] for i in range(6)])
+    y = K.gemm_rows(t, w, k, xa, np.full((6, n_rows), np.nan, np.float32))
+    np.testing.assert_array_equal(y.view(np.uint32), single.view(np.uint32))
+    if isa != "ref":
+        with isa_mod.use("ref"):
+            yr = K.gemm_rows(t, w, k, xa, np.full((6, n_rows), np.nan, np.float32))
+        np.testing.assert_array_equal(y.view(np.uint32), yr.view(np.uint32))

@@ -19,6 +19,9 @@
 #ifndef G4X_PF
 #define G4X_PF 2
 #endif
+#ifndef G4X_KTILE
+#define G4X_KTILE 16 /* rows per tile (16..64) */
+#endif
 #ifndef G4X_BLOCKMODE
 #define G4X_BLOCKMODE 0
 #endif
@@ -179,7 +182,7 @@ G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const
 G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
                   int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
     const int R = 16 / NT, NI = R * NT;
-    const int G = 16 / R; /* groups per row tile: the tile's rows share each block's activations in L1 */
+    const int G = G4X_KTILE / R; /* groups per row tile: the tile's rows share each block's activations in L1 */
     const size_t BB = Q5 ? 176 : 144;
     const int64_t nb = k / QK_K;
     int KC = XBUF / (NT * XS);
@@ -224,9 +227,9 @@ G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, cons
         }
         for (int64_t rt = r0; rt < r1; rt += (int64_t)G * R) {
             const int ng = (int)((r1 - rt + R - 1) / R < G ? (r1 - rt + R - 1) / R : G);
-            const uint8_t *wrow[16][16];
-            int nrs[16];
-            __m512 acc[16];
+            const uint8_t *wrow[64][16];
+            int nrs[64];
+            __m512 acc[64];
             for (int g = 0; g < ng; g++) {
                 const int64_t r = rt + (int64_t)g * R;
                 const int nr = (int)(r1 - r < R ? r1 - r : R);

@@ -167,6 +167,236 @@ G4_AI void q_group16(const int NT, const int QT, const uint8_t *const *wrow, con
     *accp = acc;
 }
 
+/* ---- Q8_0, n_tok >= 2: lanes = tokens, no horizontal reduction.
+ * The activations of a chunk of blocks are transposed once per call: for block b, vector j
+ * (j = 0..7) holds dword j (bytes 4j..4j+3) of that block of every token, lane t = token t, so one
+ * vpdpbusd with the weight dword j broadcast to every lane adds 4 products to every token's sum,
+ * and a chain of 8 gives every token's exact block sum in its own lane. vpdpbusd wants an
+ * unsigned operand: the broadcast weights are biased (w ^ 0x80 = w + 128) and the chain starts at
+ * -128 * sum(x) of the lane's token (computed once per call). The float sequence
+ * acc = acc + (float)isum * (d_w * d_x) then runs on the token lanes in block order. A tile of
+ * rows shares each block's activation vectors from registers. 8 lanes (ymm) for n_tok <= 8,
+ * 16 (zmm) above. */
+#define Q8T_BUF (112 * 1024) /* stack budget for one chunk of transposed activations */
+#ifndef G4X_Q8TR
+#define G4X_Q8TR 8           /* rows per register group */
+#endif
+#ifndef G4X_Q8TT
+#define G4X_Q8TT 64          /* rows per tile (multiple of G4X_Q8TR) */
+#endif
+#ifndef G4X_Q8CB
+#define G4X_Q8CB 16          /* blocks per burst */
+#endif
+#ifndef G4X_Q8PF
+#define G4X_Q8PF (G4X_Q8CB * 34) /* software prefetch distance in bytes (0: none): the next burst */
+#endif
+
+/* per block: 8 vectors of L int32 lanes, then -128*sum(x) (L int32), then d_x (L floats).
+ * Tokens are transposed 8 at a time (an 8x8 dword transpose in ymm registers); lanes past n are 0. */
+static void q8t_prepare(const uint8_t *x, size_t xrb, int n, const int L, const int BIAS, int64_t c0, int kc, int32_t *xt) {
+    const __m256i ones = _mm256_set1_epi8(1), k80 = _mm256_set1_epi8((char)0x80);
+    for (int b = 0; b < kc; b++) {
+        int32_t *d = xt + (size_t)b * 10 * L;
+        for (int t0 = 0; t0 < L; t0 += 8) {
+            __m256i r[8];
+            for (int t = 0; t < 8; t++)
+                r[t] = t0 + t < n ? _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)(x + (size_t)(t0 + t) * xrb) + c0 + b)->qs)
+                                  : _mm256_setzero_si256();
+            /* r[t] dword j -> c[j] lane t */
+            const __m256i a0 = _mm256_unpacklo_epi32(r[0], r[1]), a1 = _mm256_unpackhi_epi32(r[0], r[1]);
+            const __m256i a2 = _mm256_unpacklo_epi32(r[2], r[3]), a3 = _mm256_unpackhi_epi32(r[2], r[3]);
+            const __m256i a4 = _mm256_unpacklo_epi32(r[4], r[5]), a5 = _mm256_unpackhi_epi32(r[4], r[5]);
+            const __m256i a6 = _mm256_unpacklo_epi32(r[6], r[7]), a7 = _mm256_unpackhi_epi32(r[6], r[7]);
+            const __m256i b0 = _mm256_unpacklo_epi64(a0, a2), b1 = _mm256_unpackhi_epi64(a0, a2);
+            const __m256i b2 = _mm256_unpacklo_epi64(a1, a3), b3 = _mm256_unpackhi_epi64(a1, a3);
+            const __m256i b4 = _mm256_unpacklo_epi64(a4, a6), b5 = _mm256_unpackhi_epi64(a4, a6);
+            const __m256i b6 = _mm256_unpacklo_epi64(a5, a7), b7 = _mm256_unpackhi_epi64(a5, a7);
+            __m256i c[8];
+            c[0] = _mm256_permute2x128_si256(b0, b4, 0x20); c[4] = _mm256_permute2x128_si256(b0, b4, 0x31);
+            c[1] = _mm256_permute2x128_si256(b1, b5, 0x20); c[5] = _mm256_permute2x128_si256(b1, b5, 0x31);
+            c[2] = _mm256_permute2x128_si256(b2, b6, 0x20); c[6] = _mm256_permute2x128_si256(b2, b6, 0x31);
+            c[3] = _mm256_permute2x128_si256(b3, b7, 0x20); c[7] = _mm256_permute2x128_si256(b3, b7, 0x31);
+            __m256i sum = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                /* BIAS: unsigned x + 128 (lanes past n: 128, i.e. x = 0, which gives 128 * sum(w)) */
+                _mm256_store_si256((__m256i *)(d + j * L + t0), BIAS ? _mm256_xor_si256(c[j], k80) : c[j]);
+                sum = _mm256_dpbusd_epi32(sum, ones, c[j]);
+            }
+            _mm256_store_si256((__m256i *)(d + 8 * L + t0), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)));
+            for (int t = 0; t < 8; t++) {
+                const float f = t0 + t < n ? g4_fp16_to_fp32(((const block_q8_0 *)(x + (size_t)(t0 + t) * xrb))[c0 + b].d) : 0.0f;
+                memcpy(&d[9 * L + t0 + t], &f, 4);
+            }
+        }
+    }
+}
+
+typedef int32_t q8t_i32u __attribute__((aligned(1), may_alias));
+G4_AI uint32_t q8t_u32(const uint8_t *p) { return (uint32_t) * (const q8t_i32u *)p; }
+
+/* acc + dpbusd(a, broadcast of the 4 signed bytes at p), with the broadcast folded into the
+ * instruction ({1to8}): GCC 12 does not fold _mm256_set1_epi32 into vpdpbusd by itself. */
+G4_AI __m256i q8t_dpbusd_b(__m256i acc, __m256i a, const uint8_t *p) {
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const q8t_i32u *)p));
+    return acc;
+}
+
+/* TR rows x blocks [0, kc) of the chunk, 8 token lanes */
+G4_AI void q8t_tile8(const int TR, const uint8_t *const *wr, const int32_t *xt, int kc, __m256 *acc) {
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+    __m256 A[16]; /* local copies: kept in registers (acc may alias the buffers) */
+    for (int i = 0; i < TR; i++) A[i] = acc[i];
+    for (int b = 0; b < kc; b++) {
+        const int32_t *d = xt + (size_t)b * 80;
+        __m256i X[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) X[j] = _mm256_load_si256((const __m256i *)(d + 8 * j));
+        const __m256i cx = _mm256_load_si256((const __m256i *)(d + 64));
+        const __m256 dx = _mm256_load_ps((const float *)(d + 72));
+#pragma GCC unroll 16
+        for (int i = 0; i < TR; i++) {
+            const uint8_t *p = wr[i] + (size_t)b * 34;
+            if (G4X_Q8PF > 0) _mm_prefetch((const char *)p + G4X_Q8PF, _MM_HINT_T0);
+            /* weight dwords 0-3 / 4-7 in both 128-bit lanes, biased to unsigned; vpshufd broadcasts one */
+            const __m256i wl = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2))), k80);
+            const __m256i wh = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 18))), k80);
+            __m256i D0 = _mm256_dpbusd_epi32(cx, _mm256_shuffle_epi32(wl, 0x00), X[0]);
+            __m256i D1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(wl, 0x55), X[1]);
+            D0 = _mm256_dpbusd_epi32(D0, _mm256_shuffle_epi32(wl, 0xAA), X[2]);
+            D1 = _mm256_dpbusd_epi32(D1, _mm256_shuffle_epi32(wl, 0xFF), X[3]);
+            D0 = _mm256_dpbusd_epi32(D0, _mm256_shuffle_epi32(wh, 0x00), X[4]);
+            D1 = _mm256_dpbusd_epi32(D1, _mm256_shuffle_epi32(wh, 0x55), X[5]);
+            D0 = _mm256_dpbusd_epi32(D0, _mm256_shuffle_epi32(wh, 0xAA), X[6]);
+            D1 = _mm256_dpbusd_epi32(D1, _mm256_shuffle_epi32(wh, 0xFF), X[7]);
+            const __m256i D = _mm256_add_epi32(D0, D1);
+            uint16_t h;
+            memcpy(&h, p, 2);
+            const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16((short)h)), dx);
+            A[i] = _mm256_add_ps(A[i], _mm256_mul_ps(_mm256_cvtepi32_ps(D), dd));
+        }
+    }
+    for (int i = 0; i < TR; i++) acc[i] = A[i];
+}
+
+/* n_tok <= 7: the activations are the unsigned operand (x + 128) and the weight dwords are
+ * broadcast straight from memory ({1to8}); lane NT holds x = 0, so it sums 128 * sum(w), the
+ * bias of every token lane, which is subtracted before the conversion. */
+G4_AI void q8t_tile8b(const int NT, const int TR, const uint8_t *const *wr, const int32_t *xt, int kc, __m256 *acc) {
+    const __m256i lb = _mm256_set1_epi32(NT);
+    __m256 A[16];
+    for (int i = 0; i < TR; i++) A[i] = acc[i];
+    for (int b = 0; b < kc; b++) {
+        const int32_t *d = xt + (size_t)b * 80;
+        __m256i X[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) X[j] = _mm256_load_si256((const __m256i *)(d + 8 * j));
+        const __m256 dx = _mm256_load_ps((const float *)(d + 72));
+#pragma GCC unroll 16
+        for (int i = 0; i < TR; i++) {
+            const uint8_t *p = wr[i] + (size_t)b * 34;
+            if (G4X_Q8PF > 0) _mm_prefetch((const char *)p + G4X_Q8PF, _MM_HINT_T0);
+            __m256i D0 = q8t_dpbusd_b(_mm256_setzero_si256(), X[0], p + 2);
+            __m256i D1 = q8t_dpbusd_b(_mm256_setzero_si256(), X[1], p + 6);
+            D0 = q8t_dpbusd_b(D0, X[2], p + 10);
+            D1 = q8t_dpbusd_b(D1, X[3], p + 14);
+            D0 = q8t_dpbusd_b(D0, X[4], p + 18);
+            D1 = q8t_dpbusd_b(D1, X[5], p + 22);
+            D0 = q8t_dpbusd_b(D0, X[6], p + 26);
+            D1 = q8t_dpbusd_b(D1, X[7], p + 30);
+            const __m256i Db = _mm256_add_epi32(D0, D1);
+            const __m256i D = _mm256_sub_epi32(Db, _mm256_permutevar8x32_epi32(Db, lb));
+            uint16_t h;
+            memcpy(&h, p, 2);
+            const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16((short)h)), dx);
+            A[i] = _mm256_add_ps(A[i], _mm256_mul_ps(_mm256_cvtepi32_ps(D), dd));
+        }
+    }
+    for (int i = 0; i < TR; i++) acc[i] = A[i];
+}
+
+G4_AI void q8t_tile16(const int TR, const uint8_t *const *wr, const int32_t *xt, int kc, __m512 *acc) {
+    const __m512i k80 = _mm512_set1_epi8((char)0x80);
+    __m512 A[16]; /* local copies: kept in registers (acc may alias the buffers) */
+    for (int i = 0; i < TR; i++) A[i] = acc[i];
+    for (int b = 0; b < kc; b++) {
+        const int32_t *d = xt + (size_t)b * 160;
+        __m512i X[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) X[j] = _mm512_load_si512(d + 16 * j);
+        const __m512i cx = _mm512_load_si512(d + 128);
+        const __m512 dx = _mm512_load_ps((const float *)(d + 144));
+#pragma GCC unroll 16
+        for (int i = 0; i < TR; i++) {
+            const uint8_t *p = wr[i] + (size_t)b * 34;
+            if (G4X_Q8PF > 0) _mm_prefetch((const char *)p + G4X_Q8PF, _MM_HINT_T0);
+            const __m512i wl = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2))), k80);
+            const __m512i wh = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 18))), k80);
+            __m512i D0 = _mm512_dpbusd_epi32(cx, _mm512_shuffle_epi32(wl, 0x00), X[0]);
+            __m512i D1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(wl, 0x55), X[1]);
+            D0 = _mm512_dpbusd_epi32(D0, _mm512_shuffle_epi32(wl, 0xAA), X[2]);
+            D1 = _mm512_dpbusd_epi32(D1, _mm512_shuffle_epi32(wl, 0xFF), X[3]);
+            D0 = _mm512_dpbusd_epi32(D0, _mm512_shuffle_epi32(wh, 0x00), X[4]);
+            D1 = _mm512_dpbusd_epi32(D1, _mm512_shuffle_epi32(wh, 0x55), X[5]);
+            D0 = _mm512_dpbusd_epi32(D0, _mm512_shuffle_epi32(wh, 0xAA), X[6]);
+            D1 = _mm512_dpbusd_epi32(D1, _mm512_shuffle_epi32(wh, 0xFF), X[7]);
+            const __m512i D = _mm512_add_epi32(D0, D1);
+            uint16_t h;
+            memcpy(&h, p, 2);
+            const __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set1_epi16((short)h)), dx);
+            A[i] = _mm512_add_ps(A[i], _mm512_mul_ps(_mm512_cvtepi32_ps(D), dd));
+        }
+    }
+    for (int i = 0; i < TR; i++) acc[i] = A[i];
+}
+
+G4_AI void q8t_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
+                    int64_t k, int64_t r0, int64_t r1) {
+    /* Loop order: a tile of TT rows; blocks in bursts of CB (their activations, 10 * CB vectors, stay
+     * in L1 while every row of the tile uses them); within a burst, groups of TR rows whose
+     * accumulators live in registers, blocks outermost so each block's activation vectors are
+     * loaded once for the TR rows. Each row is read in CB-block (CB * 34 byte) runs and the run
+     * CB blocks ahead is prefetched. The accumulation order per (row, token) is block order. */
+    const int L = NT <= 8 ? 8 : 16, TR = G4X_Q8TR, TT = G4X_Q8TT, CB = G4X_Q8CB;
+    const int64_t nb = k / 32;
+    int KC = Q8T_BUF / (10 * 4 * L);
+    if (KC > nb) KC = (int)nb;
+    _Alignas(64) int32_t xt[Q8T_BUF / 4];
+    _Alignas(64) float a[TT][16];
+    for (int64_t c0 = 0; c0 < nb; c0 += KC) {
+        const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
+        q8t_prepare(x, xrb, NT, L, NT < 8, c0, kc, xt);
+        for (int64_t rt = r0; rt < r1; rt += TT) {
+            const int nt = (int)(r1 - rt < TT ? r1 - rt : TT);
+            for (int i = 0; i < nt; i++)
+                for (int t = 0; t < L; t++) a[i][t] = (c0 > 0 && t < NT) ? y[t * ldy + rt + i] : 0.0f;
+            for (int cb = 0; cb < kc; cb += CB) {
+                const int cn = kc - cb < CB ? kc - cb : CB;
+                const int32_t *xc = xt + (size_t)cb * 10 * L;
+                for (int g = 0; g < nt; g += TR) {
+                    const int nr = nt - g < TR ? nt - g : TR;
+                    const uint8_t *wr[16];
+                    for (int i = 0; i < TR; i++)
+                        wr[i] = w + (size_t)(rt + g + (i < nr ? i : nr - 1)) * wrb + (size_t)(c0 + cb) * 34;
+                    if (L == 8) {
+                        __m256 acc[16];
+                        for (int i = 0; i < TR; i++) acc[i] = _mm256_load_ps(a[g + (i < nr ? i : nr - 1)]);
+                        if (NT < 8) q8t_tile8b(NT, TR, wr, xc, cn, acc);
+                        else q8t_tile8(TR, wr, xc, cn, acc);
+                        for (int i = 0; i < nr; i++) _mm256_store_ps(a[g + i], acc[i]);
+                    } else {
+                        __m512 acc[16];
+                        for (int i = 0; i < TR; i++) acc[i] = _mm512_load_ps(a[g + (i < nr ? i : nr - 1)]);
+                        q8t_tile16(TR, wr, xc, cn, acc);
+                        for (int i = 0; i < nr; i++) _mm512_store_ps(a[g + i], acc[i]);
+                    }
+                }
+            }
+            for (int i = 0; i < nt; i++)
+                for (int t = 0; t < NT; t++) y[t * ldy + rt + i] = a[i][t];
+        }
+    }
+}
+
 G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
                   int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
     const int64_t nb = k / 32;
@@ -175,6 +405,10 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
     const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
     _Alignas(64) uint8_t xu[QBUF];
     _Alignas(64) float dxp[QBUF / 32];
+    if (QT == QT_Q8_0 && NT > 1) {
+        q8t_gemm(NT, w, wrb, x, xrb, y, ldy, k, r0, r1);
+        return;
+    }
     if (NT == 1) {
         for (int64_t c0 = 0; c0 < nb; c0 += KC) {
             const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
