@@ -840,6 +840,20 @@ def main(argv=None) -> int:
         return 2
     defaults = dict(max_tokens=a.max_tokens, temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                     repeat_penalty=a.repeat_penalty, stop=a.stop)
+    # the generation defaults are checked once, here, rather than failing every line of the batch
+    if a.max_tokens < 0:
+        print(f"error: -n / --max-tokens must be >= 0, got {a.max_tokens}", file=err)
+        return 2
+    if a.ray_per_node < 1:
+        print(f"error: --ray-per-node must be >= 1, got {a.ray_per_node}", file=err)
+        return 2
+    try:
+        from gemma4cpu.sampling import SamplingParams
+        SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
+                       repeat_penalty=a.repeat_penalty, seed=a.seed).validate()
+    except ValueError as e:
+        print(f"error: {e}", file=err)
+        return 2
     ekw = dict(threads=a.threads, n_ctx=a.ctx_size, cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v,
                spec_type=a.spec_type, draft_max=a.draft_max, spec_autotune=a.spec_autotune, **ckw)
     try:

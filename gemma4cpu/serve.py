@@ -511,6 +511,13 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=err)
         return 2
+    for bad, msg in ((not 0 <= a.port <= 65535, f"--port must be in 0..65535, got {a.port}"),
+                     (a.max_queue < 1, f"--max-queue must be >= 1, got {a.max_queue}"),
+                     (a.n_predict < -1, f"-n / --n-predict must be >= -1 (-1: until the context is full), "
+                                        f"got {a.n_predict}")):
+        if bad:
+            print(f"error: {msg}", file=err)
+            return 2
     for path, what in ((a.model, "model"), (a.model_draft, "draft model")):
         if path and not os.path.exists(path):
             print(f"error: {what} file not found: {path}", file=err)

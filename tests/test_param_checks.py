@@ -102,3 +102,37 @@ def test_cli_refuses_bad_numbers(model_path, args, match):
     p = subprocess.run([sys.executable, "-m", "gemma4cpu.run", "-m", str(model_path), "-q", "-p", "hello", *args],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode != 0 and match in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+@pytest.mark.parametrize("args,match", [
+    (("-n", "-4"), "--max-tokens must be >= 0"), (("--temp", "-1"), "temperature"), (("--top-p", "0"), "top_p"),
+    (("--min-p", "2"), "min_p"), (("--repeat-penalty", "0"), "repeat_penalty"), (("--seed", "-3"), "seed"),
+    (("--workers", "0"), "--workers must be >= 1"), (("--ray-per-node", "0"), "--ray-per-node must be >= 1"),
+    (("-c", "0"), "n_ctx"),
+])
+def test_batch_cli_refuses_bad_numbers_before_running(model_path, tmp_path, args, match):
+    """A bad generation default is one error before the run, not an error record on every line."""
+    import subprocess
+    import sys
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"prompt": "hi"}\n')
+    out = tmp_path / "out.jsonl"
+    p = subprocess.run([sys.executable, "-m", "gemma4cpu.batch", str(inp), "-o", str(out), "-m", str(model_path),
+                        "--no-progress", *args], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and match in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+    assert not out.exists() or out.read_text() == ""
+
+
+@pytest.mark.parametrize("args,match", [
+    (("--port", "70000"), "--port must be in 0..65535"), (("--max-queue", "0"), "--max-queue must be >= 1"),
+    (("-n", "-5"), "--n-predict must be >= -1"), (("-c", "0"), "n_ctx"), (("-t", "0"), "threads"),
+    (("--draft-max", "99"), "draft_max"),
+])
+def test_serve_cli_refuses_bad_numbers(model_path, args, match):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "gemma4cpu.serve", "-m", str(model_path), "--port", "0", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and match in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
