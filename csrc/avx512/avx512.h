@@ -52,4 +52,24 @@ G4_AI __m512i g4x_merge(__m512i a, __m512i b, const int h) {
     return _mm512_add_epi32(_mm512_mask_blend_epi32(m, a, b), _mm512_permutex2var_epi32(a, idx, b));
 }
 
+/* Row-group accumulators whose 16 lanes are (row, token) items: lane i is row rowof[i], token
+ * tokof[i] of the group starting at row r with nr valid rows (valid[i]: the lane holds an item at
+ * all). Load starts from 0 in the first chunk (c0 == 0) and from y after it; store writes only
+ * real items. Shared by the Q4_K/Q5_K and Q6_K small-batch paths. */
+G4_AI __m512 g4x_items_load(const float *y, int64_t ldy, int64_t r, int nr, int64_t c0, const int *valid,
+                            const int *rowof, const int *tokof) {
+    _Alignas(64) float a[16];
+    for (int i = 0; i < 16; i++)
+        a[i] = (c0 > 0 && valid[i] && rowof[i] < nr) ? y[tokof[i] * ldy + r + rowof[i]] : 0.0f;
+    return _mm512_load_ps(a);
+}
+
+G4_AI void g4x_items_store(float *y, int64_t ldy, int64_t r, int nr, __m512 acc, const int *valid,
+                           const int *rowof, const int *tokof) {
+    _Alignas(64) float a[16];
+    _mm512_store_ps(a, acc);
+    for (int i = 0; i < 16; i++)
+        if (valid[i] && rowof[i] < nr) y[tokof[i] * ldy + r + rowof[i]] = a[i];
+}
+
 #endif

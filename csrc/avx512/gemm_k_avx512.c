@@ -235,20 +235,12 @@ G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, cons
                 const int nr = (int)(r1 - r < R ? r1 - r : R);
                 nrs[g] = nr;
                 for (int i = 0; i < R; i++) wrow[g][i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * BB;
-                _Alignas(64) float a[16];
-                for (int i = 0; i < 16; i++)
-                    a[i] = (c0 > 0 && valid[i] && rowof[i] < nr) ? y[tokof[i] * ldy + r + rowof[i]] : 0.0f;
-                acc[g] = _mm512_load_ps(a);
+                acc[g] = g4x_items_load(y, ldy, r, nr, c0, valid, rowof, tokof);
             }
             for (int b = 0; b < kc; b++)
                 for (int g = 0; g < ng; g++) k_block(NT, Q5, wrow[g], xp, dx, b, &acc[g], rowidx, tokidx, 0, NULL);
-            for (int g = 0; g < ng; g++) {
-                const int64_t r = rt + (int64_t)g * R;
-                _Alignas(64) float a[16];
-                _mm512_store_ps(a, acc[g]);
-                for (int i = 0; i < 16; i++)
-                    if (valid[i] && rowof[i] < nrs[g]) y[tokof[i] * ldy + r + rowof[i]] = a[i];
-            }
+            for (int g = 0; g < ng; g++)
+                g4x_items_store(y, ldy, rt + (int64_t)g * R, nrs[g], acc[g], valid, rowof, tokof);
         }
     }
 }

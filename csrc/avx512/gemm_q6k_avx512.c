@@ -269,20 +269,12 @@ G4_AI void q6_gemm_batch(const int NT, const uint8_t *w, size_t wrb, const uint8
                 nrs[g] = nr;
                 for (int i = 0; i < R; i++)
                     wrow[g][i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * sizeof(block_q6_K);
-                _Alignas(64) float a[16];
-                for (int i = 0; i < 16; i++)
-                    a[i] = (c0 > 0 && valid[i] && rowof[i] < nr) ? y[tokof[i] * ldy + r + rowof[i]] : 0.0f;
-                acc[g] = _mm512_load_ps(a);
+                acc[g] = g4x_items_load(y, ldy, r, nr, c0, valid, rowof, tokof);
             }
             for (int b = 0; b < kc; b++)
                 for (int g = 0; g < ng; g++) q6_group(NT, wrow[g], xp, dxl, b, &acc[g], rowidx);
-            for (int g = 0; g < ng; g++) {
-                const int64_t r = rt + (int64_t)g * R;
-                _Alignas(64) float a[16];
-                _mm512_store_ps(a, acc[g]);
-                for (int i = 0; i < 16; i++)
-                    if (valid[i] && rowof[i] < nrs[g]) y[tokof[i] * ldy + r + rowof[i]] = a[i];
-            }
+            for (int g = 0; g < ng; g++)
+                g4x_items_store(y, ldy, rt + (int64_t)g * R, nrs[g], acc[g], valid, rowof, tokof);
         }
     }
 }
