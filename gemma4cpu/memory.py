@@ -134,33 +134,29 @@ def _slots(cfg, il: int, n_ctx: int, max_draft: int, max_batch: int, swa_full: b
     return n_ctx if w == 0 or swa_full else min(n_ctx, w + max(max_draft, max_batch - 1))
 
 
-def kv_cache_bytes(cfg, n_ctx: int, max_draft: int, max_batch: int, type_k: str, type_v: str,
-                   swa_full: bool = False) -> int:
-    """What KVCache.from_config(cfg, n_ctx, max_draft, max_batch, type_k, type_v, swa_full) allocates."""
+def _layer_slots(cfg, n_ctx: int, max_draft: int, max_batch: int, type_k: str, type_v: str, swa_full: bool):
+    """(layer, slots, K + V bytes per slot) for every layer that owns a cache, as KVCache sizes them."""
     from gemma4cpu import _kernels
     from gemma4cpu.kv_cache import kv_type_id
     tk, tv = kv_type_id(type_k), kv_type_id(type_v)
-    total = 0
     for il in range(cfg.n_layer_kv):
-        ns = _slots(cfg, il, n_ctx, max_draft, max_batch, swa_full)
-        total += ns * (_kernels.kv_slot_bytes(tk, cfg.n_head_kv[il], cfg.head_dim[il])
-                       + _kernels.kv_slot_bytes(tv, cfg.n_head_kv[il], cfg.head_dim[il]))
-    return total
+        yield (il, _slots(cfg, il, n_ctx, max_draft, max_batch, swa_full),
+               _kernels.kv_slot_bytes(tk, cfg.n_head_kv[il], cfg.head_dim[il])
+               + _kernels.kv_slot_bytes(tv, cfg.n_head_kv[il], cfg.head_dim[il]))
+
+
+def kv_cache_bytes(cfg, n_ctx: int, max_draft: int, max_batch: int, type_k: str, type_v: str,
+                   swa_full: bool = False) -> int:
+    """What KVCache.from_config(cfg, n_ctx, max_draft, max_batch, type_k, type_v, swa_full) allocates."""
+    return sum(ns * sb for _, ns, sb in _layer_slots(cfg, n_ctx, max_draft, max_batch, type_k, type_v, swa_full))
 
 
 def ring_bytes(cfg, n_ctx: int, max_draft: int, max_batch: int, type_k: str, type_v: str,
                swa_full: bool = False) -> int:
-    """The most one ring checkpoint (KVCache.snapshot) holds: K, V and positions of every ring layer."""
-    from gemma4cpu import _kernels
-    from gemma4cpu.kv_cache import kv_type_id
-    tk, tv = kv_type_id(type_k), kv_type_id(type_v)
-    total = 0
-    for il in range(cfg.n_layer_kv):
-        ns = _slots(cfg, il, n_ctx, max_draft, max_batch, swa_full)
-        if cfg.is_swa[il] and ns < n_ctx:
-            total += ns * (_kernels.kv_slot_bytes(tk, cfg.n_head_kv[il], cfg.head_dim[il])
-                           + _kernels.kv_slot_bytes(tv, cfg.n_head_kv[il], cfg.head_dim[il]) + 4)
-    return total
+    """The most one ring checkpoint (KVCache.snapshot) holds: K, V and positions (4 bytes a slot)
+    of every ring layer."""
+    return sum(ns * (sb + 4) for il, ns, sb in _layer_slots(cfg, n_ctx, max_draft, max_batch, type_k, type_v, swa_full)
+               if cfg.is_swa[il] and ns < n_ctx)
 
 
 def resident_weight_bytes(f, cfg, copies: int = 0) -> int:
