@@ -636,27 +636,42 @@ def _check_room(plan, size: int, mode: str):
             + ("; use --numa distribute (one copy, rows split over the nodes)" if mode == "mirror" else ""))
 
 
+def kv_policy(plan) -> tuple[int, tuple[int, ...]]:
+    """(policy, nodes) place_kv gives the KV cache under plan: interleave -> MPOL_INTERLEAVE over the
+    plan's memory nodes, as its weights (even over one node: numa_maps then shows what was asked);
+    otherwise the readers' nodes: one -> MPOL_BIND to it, several -> MPOL_INTERLEAVE over them
+    (attention heads are split over all workers)."""
+    if plan.mode == "interleave":
+        nodes = tuple(plan.mem_nodes) or tuple(plan.nodes)
+        return MPOL_INTERLEAVE, nodes
+    nodes = tuple(plan.nodes)
+    return (MPOL_BIND if len(nodes) == 1 else MPOL_INTERLEAVE), nodes
+
+
 def place_kv(cache, plan, rep: Report | None = None, live: bool = True, force: bool = False) -> Report:
-    """Bind the KV cache arrays of `cache` to their readers' nodes: isolate (or one node) -> that node;
-    several nodes -> interleaved over them (attention heads are split over all workers). Pages not
-    yet touched follow the range policy when first written; touched pages are moved."""
+    """Give the KV cache arrays of `cache` (K and V of every layer, those of two pages or more) the
+    range policy of kv_policy(plan): the pages wholly inside each array; pages not yet touched
+    follow it when first written, touched ones are moved. Then checks 16 pages per array
+    (rep.kv) and reads the policy back with get_mempolicy (rep.kv_policy_ok). With one allowed
+    memory node there is nothing to place unless force (tests, measurements)."""
     rep = rep or Report(mode=plan.mode, mmap=True)
     if plan.mode == "none" or not live or not available()[0]:
         return rep
     if not force and len(_allowed_mems()) == 1:     # one memory node: nothing to place
         return rep
-    nodes = tuple(plan.nodes)
-    mode = MPOL_BIND if len(nodes) == 1 else MPOL_INTERLEAVE
+    mode, nodes = kv_policy(plan)
     ranges = []
-    for il, arr in enumerate(list(cache.k) + list(cache.v)):
-        if arr.nbytes >= 2 * PAGE:
-            place(addr_of(arr), arr.nbytes, mode, nodes, file_backed=False)
-            ranges.append(Range(f"kv[{il}]", addr_of(arr), arr.nbytes, nodes, mode))
+    arrays = [(f"K[{il}]", x) for il, x in enumerate(cache.k)] + [(f"V[{il}]", x) for il, x in enumerate(cache.v)]
+    for name, arr in arrays:
+        a, b = -(-addr_of(arr) // PAGE) * PAGE, (addr_of(arr) + arr.nbytes) // PAGE * PAGE
+        if b - a >= PAGE and arr.nbytes >= 2 * PAGE:
+            place(a, b - a, mode, nodes, file_backed=False)
+            # the pages the policy governs (a partial page at either end is shared with the allocator)
+            ranges.append(Range(name, a, b - a, nodes, mode))
     rep.kv = check(ranges, 16)
     ok = True
     for r in ranges:
-        a = -(-r.addr // PAGE) * PAGE
-        pm, pn = get_mempolicy(a)
+        pm, pn = get_mempolicy(r.addr)
         ok &= pm == mode and set(pn) == set(nodes)
     rep.kv_policy_ok = ok if ranges else None
     if ranges and not ok:

@@ -112,7 +112,7 @@ def test_bad_nodes_are_refused():
                                         ("mirror", True), ("isolate", False), ("none", False)])
 def test_model_pages_on_the_expected_node(gguf_path, mode, mmap_):
     """Every weight page (all of them, forced through the real path on one node too) is present
-    and on a node the plan names; the KV cache carries the range policy."""
+    and on a node the plan names (the KV cache: test_kv_cache_placed_and_policy_recorded)."""
     from gemma4cpu.config import ModelConfig
     from gemma4cpu.gguf_io import GGUFFile
     from gemma4cpu.weights import load_weights
@@ -130,6 +130,88 @@ def test_model_pages_on_the_expected_node(gguf_path, mode, mmap_):
     assert rep.mmap == (mmap_ and mode != "mirror")
     if not rep.mmap:                               # the model computes from the copies
         assert all(not np.shares_memory(m.rows, f._map) for m in w.mats())
+
+
+# ---- the KV cache ------------------------------------------------------------------------------
+
+def _kv_cache(gguf_path, n_ctx=512):
+    from gemma4cpu.config import ModelConfig
+    from gemma4cpu.gguf_io import GGUFFile
+    from gemma4cpu.kv_cache import KVCache
+    return KVCache.from_config(ModelConfig.from_gguf(GGUFFile(gguf_path)), n_ctx)
+
+
+def _inner(arr):
+    """The whole pages of an array (the ones a range policy governs)."""
+    a = -(-P.addr_of(arr) // P.PAGE) * P.PAGE
+    return a, (P.addr_of(arr) + arr.nbytes) // P.PAGE * P.PAGE
+
+
+@needs_syscalls
+@pytest.mark.parametrize("mode", ["isolate", "interleave"])
+def test_kv_cache_placed_and_policy_recorded(gguf_path, mode):
+    """place_kv with force (on one node it would return early): every K/V array of two pages or more
+    carries the range policy (get_mempolicy, and the policy numa_maps shows for that range), and once
+    written every one of its pages is on the plan's node (move_pages)."""
+    cache = _kv_cache(gguf_path)
+    plan = numa.plan(TOPO, mode, threads=1)
+    want = (P.MPOL_INTERLEAVE, sorted(plan.mem_nodes)) if mode == "interleave" else (P.MPOL_BIND, [plan.nodes[0]])
+    assert P.kv_policy(plan) == (want[0], tuple(want[1]))
+    rep = P.place_kv(cache, plan, force=True)
+    arrays = list(cache.k) + list(cache.v)
+    placed = [x for x in arrays if x.nbytes >= 2 * P.PAGE]
+    assert len(placed) == len(arrays) > 0                       # n_ctx 512: every array is 2+ pages
+    assert rep.kv_policy_ok is True and not rep.warnings
+    assert rep.kv.pages > 0 and rep.kv.wrong == 0, rep.kv.line()
+    for x in placed:
+        a, b = _inner(x)
+        assert P.get_mempolicy(a) == want
+        assert P.get_mempolicy(b - P.PAGE) == want
+    with open("/proc/self/numa_maps") as f:                     # "START POLICY ..." per mapping
+        policy = sorted((int(ln.split()[0], 16), ln.split()[1]) for ln in f if ln.strip())
+    shown = "bind" if want[0] == P.MPOL_BIND else "interleave"
+    for x in placed:                   # the mapping holding the range (mbind split it at the range's ends)
+        a = _inner(x)[0]
+        assert max(p for p in policy if p[0] <= a)[1] == f"{shown}:{numa.format_cpu_list(want[1])}"
+    for x in placed:
+        x[:] = 7                                                 # first touch of every page
+    for x in placed:
+        a, b = _inner(x)
+        st = P.page_nodes(a, b - a)
+        assert st.size == (b - a) // P.PAGE and set(st.tolist()) <= set(want[1]), set(st.tolist())
+        if want[0] == P.MPOL_BIND:
+            assert set(st.tolist()) == {want[1][0]}
+    after = P.check([P.Range("kv", a, b - a, tuple(want[1]), want[0]) for a, b in map(_inner, placed)], sample=None)
+    assert after.absent == 0 and after.wrong == 0 and after.ok == after.pages > 0
+
+
+@needs_syscalls
+def test_kv_policy_that_did_not_take_is_reported(gguf_path, monkeypatch):
+    """place_kv reads every range's policy back: one that get_mempolicy reports as default is a
+    warning and kv_policy_ok False (the check is not assumed)."""
+    cache = _kv_cache(gguf_path)
+    real = P.get_mempolicy
+    monkeypatch.setattr(P, "get_mempolicy", lambda addr=None: (P.MPOL_DEFAULT, []) if addr else real())
+    rep = P.place_kv(cache, numa.plan(TOPO, "isolate", threads=1), force=True)
+    assert rep.kv_policy_ok is False
+    assert any("KV cache's range policy did not take" in w for w in rep.warnings)
+    assert "range policy MISSING" in "\n".join(rep.lines())
+
+
+@needs_syscalls
+def test_kv_cache_left_alone_on_one_node_unless_forced(gguf_path):
+    if len(MEMS) > 1:
+        pytest.skip("several memory nodes: place_kv places without force")
+    cache = _kv_cache(gguf_path)
+    spans = [_inner(x) for x in cache.k + cache.v]
+    for a, b in spans:      # malloc may hand out heap pages an earlier test's mbind covered: reset them
+        P.mbind(a, b - a, P.MPOL_DEFAULT)
+    rep = P.place_kv(cache, numa.plan(TOPO, "interleave", threads=1))
+    assert rep.kv is None and rep.kv_policy_ok is None
+    assert [P.get_mempolicy(a) for a, _ in spans] == [(P.MPOL_DEFAULT, [])] * len(spans)
+    assert P.place_kv(cache, numa.plan(TOPO, "interleave", threads=1), force=True).kv_policy_ok
+    assert [P.get_mempolicy(a) for a, _ in spans] == [(P.MPOL_INTERLEAVE, MEMS)] * len(spans)
+    assert P.place_kv(cache, numa.plan(TOPO, "none", threads=1), force=True).kv is None   # none: never
 
 
 @needs_syscalls
