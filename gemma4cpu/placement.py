@@ -27,6 +27,7 @@ import resource
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -309,7 +310,8 @@ def check(ranges: list[Range], sample: int | None = 64, status: list | None = No
 class Report:
     mode: str
     mmap: bool
-    seconds: float = 0.0          # placing the weights (place_weights)
+    seconds: float = 0.0          # placing the weights (place_weights), copies included
+    copy_seconds: float = 0.0     # of which: reading the file into anonymous copies, one per node
     setup_seconds: float = 0.0    # topology, plan, pools (setup)
     kv_seconds: float = 0.0       # placing the KV cache
     bytes: int = 0
@@ -329,6 +331,7 @@ class Report:
     def lines(self) -> list[str]:
         out = [f"placement {self.mode} ({'mapped file' if self.mmap else 'anonymous copies'}): "
                f"{self.bytes / 2**30:.2f} GiB in {len(self.ranges)} ranges, {self.seconds * 1e3:.1f} ms "
+               + (f"(of which copying the weights {self.copy_seconds * 1e3:.1f} ms) " if not self.mmap else "") +
                f"(+ topology, plan and pools {self.setup_seconds * 1e3:.1f} ms, KV cache {self.kv_seconds * 1e3:.1f} ms)"]
         if self.check is not None:
             out.append("  weights: " + self.check.line())
@@ -520,6 +523,7 @@ def place_weights(f, weights, plan, mmap: bool = True, mlock: bool = False, thp:
                     mbind(a, z - a, r.mode, r.nodes)
             else:
                 mbind(b.addr, -(-b.nbytes // PAGE) * PAGE, ranges[0].mode, ranges[0].nodes)
+        tc = now()
         with open(f.path, "rb", buffering=0) as fh:   # read(2) into the copy: no page cache mapped here
             fh.seek(lo - fb0)
             mv = memoryview(bufs[0].array)
@@ -532,6 +536,7 @@ def place_weights(f, weights, plan, mmap: bool = True, mlock: bool = False, thp:
         per_node = plan.decode.per_node()
         for ci in range(1, n_copies):
             parallel_copy(bufs[ci].array, bufs[0].array, per_node.get(plan.mem_nodes[ci]))
+        rep.copy_seconds = now() - tc
         for m in in_file:
             if mode == "mirror" and plan.grouped:
                 m.placement = K.RowPlacement(plan.row_split(m.rows.shape[0]),
@@ -705,14 +710,21 @@ def _warn(msgs):
         warnings.warn(m, NumaWarning, stacklevel=4)
 
 
+class Planned(NamedTuple):
+    topology: object
+    plan: object
+    seconds: float      # reading the topology and planning
+
+
 def make_plan(threads=None, cpus=None, threads_batch=None, numa="auto", numa_nodes=None, smt: bool = False,
-              topology=None):
-    """(topology, gemma4cpu.numa.plan(...)) for setup's arguments; Model plans first, so that the
-    memory check can count the copies the plan will make (weight_copies)."""
+              topology=None) -> Planned:
+    """(topology, gemma4cpu.numa.plan(...), seconds) for setup's arguments; Model plans first, so that
+    the memory check can count the copies the plan will make (weight_copies)."""
     from gemma4cpu import numa as numa_mod
+    t0 = now()
     topo = topology if topology is not None else numa_mod.read_topology("/")
-    return topo, numa_mod.plan(topo, numa, threads=threads, threads_batch=threads_batch, cpus=cpus,
-                               nodes=numa_nodes, smt=smt)
+    p = numa_mod.plan(topo, numa, threads=threads, threads_batch=threads_batch, cpus=cpus, nodes=numa_nodes, smt=smt)
+    return Planned(topo, p, now() - t0)
 
 
 def setup(f, weights, threads=None, cpus=None, threads_batch=None, numa="auto", numa_nodes=None,
@@ -720,14 +732,16 @@ def setup(f, weights, threads=None, cpus=None, threads_batch=None, numa="auto", 
           planned=None) -> Setup:
     """Plan (gemma4cpu.numa.plan) threads and placement for a model, create its pools and place its
     weights (see place_weights). topology: a gemma4cpu.numa.Topology (default: this machine; a fake
-    tree plans and pins but leaves memory alone). planned: make_plan's (topology, plan) for these
-    arguments, when the caller has planned already. Issues NumaWarning for what the user should know."""
+    tree plans and pins but leaves memory alone). planned: make_plan's (topology, plan, seconds) for these
+    arguments, when the caller has planned already (its time counts in setup_seconds). Issues
+    NumaWarning for what the user should know."""
+    if planned is None:
+        planned = make_plan(threads, cpus, threads_batch, numa, numa_nodes, smt, topology)
+    topo, p, plan_seconds = planned
     t0 = now()
-    topo, p = planned if planned is not None else make_plan(threads, cpus, threads_batch, numa, numa_nodes, smt,
-                                                            topology)
     pool, pool_batch = make_pools(p)
     t1 = now()
     rep = place_weights(f, weights, p, mmap=mmap, mlock=mlock, thp=thp, live=topo.live)
-    rep.setup_seconds = t1 - t0
+    rep.setup_seconds = plan_seconds + (t1 - t0)
     _warn(p.warnings + rep.warnings)
     return Setup(plan=p, pool=pool, pool_batch=pool_batch, report=rep, live=topo.live)
