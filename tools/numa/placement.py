@@ -32,16 +32,31 @@ def _fmt_nodes(hist: dict) -> str:
     return " ".join(f"N{n}={c}" for n, c in sorted(hist.items())) or "-"
 
 
+def _error(msg: str) -> int:
+    """One line on stderr and exit status 2 (bad flags, a refused plan, an unreadable model)."""
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
 def in_process(a) -> int:
     import warnings
 
     from gemma4cpu.model import Model
-    nodes = numa.parse_cpu_list(a.numa_nodes) if a.numa_nodes else None
-    cpus = numa.parse_cpu_list(a.cpus) if a.cpus else None
+    try:
+        cpus = numa.parse_cpu_list(a.cpus) if a.cpus else None
+    except ValueError as e:
+        return _error(f"--cpus: {e}")
+    try:
+        nodes = numa.parse_cpu_list(a.numa_nodes) if a.numa_nodes else None
+    except ValueError as e:
+        return _error(f"--numa-nodes: {e}")
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always", P.NumaWarning)
-        m = Model(a.model, n_ctx=a.ctx_size, threads=a.threads, cpus=cpus, numa=a.numa, numa_nodes=nodes,
-                  mmap=not a.no_mmap, thp=a.thp, progress=False)
+        try:
+            m = Model(a.model, n_ctx=a.ctx_size, threads=a.threads, cpus=cpus, numa=a.numa, numa_nodes=nodes,
+                      mmap=not a.no_mmap, thp=a.thp, progress=False)
+        except (ValueError, OSError, MemoryError) as e:   # NumaError and GGUFFormatError are ValueErrors
+            return _error(str(e))
     plan, rep = m.numa_plan, m.numa.report
     if a.touch:
         for x in m.w.mats():
@@ -82,41 +97,60 @@ _NM = re.compile(r"^([0-9a-f]+)\s+(\S+)(.*)$")
 
 
 def read_numa_maps(pid: int) -> list[dict]:
-    """[{start, end, offset, path, policy, nodes {n: pages}, kernelpagesize}] of a process."""
-    spans = {}
+    """[{start, end, offset, path, policy, nodes {n: pages}, pagesize}] of a process
+    (/proc/PID/maps and /proc/PID/numa_maps, see parse_numa_maps)."""
     with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            spans[lo] = (hi, int(parts[2], 16), parts[5].strip() if len(parts) > 5 else "")
-    out = []
+        maps = f.read()
     with open(f"/proc/{pid}/numa_maps") as f:
-        for line in f:
-            m = _NM.match(line.strip())
-            if not m:
-                continue
-            start = int(m.group(1), 16)
-            hi, off, path = spans.get(start, (start, 0, ""))
-            d = {"start": start, "end": hi, "offset": off, "path": path, "policy": m.group(2), "nodes": {},
-                 "pagesize": 4096}
-            for tok in m.group(3).split():
-                k, _, v = tok.partition("=")
-                if re.fullmatch(r"N\d+", k):
-                    d["nodes"][int(k[1:])] = int(v)
-                elif k == "kernelpagesize_kB":
-                    d["pagesize"] = int(v) * 1024
-                elif k == "file" and not d["path"]:
-                    d["path"] = v
-            out.append(d)
+        numa_maps = f.read()
+    return parse_numa_maps(maps, numa_maps)
+
+
+def parse_numa_maps(maps: str, numa_maps: str) -> list[dict]:
+    """The texts of /proc/PID/maps and /proc/PID/numa_maps -> one dict per numa_maps line:
+    start, end (from maps; start when maps lacks it), offset (file offset, from maps), path (maps'
+    path, else numa_maps' file=), policy (e.g. 'default', 'bind:0', 'interleave:0-1'), nodes
+    {node: pages}, pagesize (bytes, kernelpagesize_kB; 4096 when absent)."""
+    spans = {}
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if not parts:
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        spans[lo] = (hi, int(parts[2], 16), parts[5].strip() if len(parts) > 5 else "")
+    out = []
+    for line in numa_maps.splitlines():
+        m = _NM.match(line.strip())
+        if not m:
+            continue
+        start = int(m.group(1), 16)
+        hi, off, path = spans.get(start, (start, 0, ""))
+        d = {"start": start, "end": hi, "offset": off, "path": path, "policy": m.group(2), "nodes": {},
+             "pagesize": 4096}
+        for tok in m.group(3).split():
+            k, _, v = tok.partition("=")
+            if re.fullmatch(r"N\d+", k):
+                d["nodes"][int(k[1:])] = int(v)
+            elif k == "kernelpagesize_kB":
+                d["pagesize"] = int(v) * 1024
+            elif k == "file" and not d["path"]:
+                d["path"] = v
+        out.append(d)
     return out
 
 
 def of_pid(a) -> int:
-    maps = read_numa_maps(a.pid)
+    try:
+        maps = read_numa_maps(a.pid)
+    except OSError as e:
+        return _error(f"--pid {a.pid}: cannot read its numa_maps: {e.strerror or e}")
     tensors = []
     if a.model:
         from gemma4cpu.gguf_io import GGUFFile
-        g = GGUFFile(a.model)
+        try:
+            g = GGUFFile(a.model)
+        except (ValueError, OSError) as e:
+            return _error(str(e))
         tensors = sorted((t.offset, t.offset + t.n_bytes, name) for name, t in g.tensors.items())
         real = os.path.realpath(a.model)
     tot: dict[int, int] = {}

@@ -21,16 +21,20 @@ import sys
 from gemma4cpu import numa
 
 
+# the CPU features the kernels care about, as /proc/cpuinfo (and py-cpuinfo) name them
+FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
+            "amx_int8", "amx_bf16")
+
+
 def cpu_features() -> tuple[str, list[str]]:
-    """(brand, selected flags) from py-cpuinfo; ('', []) when it is missing."""
+    """(brand, the FEATURES this CPU has, in that order) from py-cpuinfo; ('', []) when it is missing."""
     try:
         import cpuinfo
         info = cpuinfo.get_cpu_info()
     except Exception:  # noqa: BLE001  (an optional, slow probe: never fatal)
         return "", []
     flags = set(info.get("flags", []))
-    keep = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
-                        "avx512_bf16", "amx_int8", "amx_bf16") if f in flags]
+    keep = [f for f in FEATURES if f in flags]
     return info.get("brand_raw", ""), keep
 
 
