@@ -136,6 +136,10 @@ class _StopMatcher:
         return out
 
 
+class ContextLengthError(ValueError):
+    """A prompt that leaves no room in the context (n_ctx) for a generated token."""
+
+
 class Engine:
     def __init__(self, model_path: str | os.PathLike | None = None, draft=None,
                  threads: int | None = None, n_ctx: int = 4096, cpus: list[int] | None = None,
@@ -320,6 +324,28 @@ class Engine:
             self.reset()
         return np.ascontiguousarray(out, dtype=np.float32)
 
+    # ---- prompts ----
+    def prompt_ids(self, prompt, add_bos: bool = True, parse_special: bool = False) -> list[int]:
+        """The token ids generate() runs for `prompt` (text, or token ids used as given), with the
+        refusals it makes before generating: ValueError for bad ids or an empty prompt,
+        ContextLengthError (a ValueError) for one that leaves no room in the context. Touches
+        neither the cache nor the model, so a server may call it while another request runs."""
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt, add_bos=add_bos, parse_special=parse_special)
+        else:
+            ids = self._token_ids(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens); give text or add_bos=True")
+        if len(ids) >= self.n_ctx:
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
+                                     "(leave room for at least one generated token: raise n_ctx / -c)")
+        return ids
+
+    def chat_ids(self, messages) -> list[int]:
+        """prompt_ids() of a conversation as chat() renders it (template errors: ValueError)."""
+        text, add_bos = self._chat_text(messages)
+        return self.prompt_ids(text, add_bos=add_bos, parse_special=True)
+
     # ---- generation ----
     def generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 40,
                  top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
@@ -349,15 +375,7 @@ class Engine:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
         sampler = Sampler(params, self.n_vocab)            # validates every parameter
-        if isinstance(prompt, str):
-            ids = self.tokenize(prompt, add_bos=add_bos, parse_special=parse_special)
-        else:
-            ids = self._token_ids(prompt)
-        if not ids:
-            raise ValueError("the prompt is empty (no tokens); give text or add_bos=True")
-        if len(ids) >= self.n_ctx:
-            raise ValueError(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
-                             "(leave room for at least one generated token: raise n_ctx / -c)")
+        ids = self.prompt_ids(prompt, add_bos=add_bos, parse_special=parse_special)
         s = Stream(self._generate(ids, max_tokens, sampler, stop, so))
         if stream:
             return s
@@ -500,6 +518,9 @@ class Engine:
     def chat(self, messages, **kw):
         """generate() on the rendered conversation (special tokens parsed; BOS comes from the
         template when it writes one)."""
-        text = self.render_chat(messages)
-        add_bos = not (self._bos_text and text.startswith(self._bos_text))
+        text, add_bos = self._chat_text(messages)
         return self.generate(text, add_bos=add_bos, parse_special=True, **kw)
+
+    def _chat_text(self, messages) -> tuple[str, bool]:
+        text = self.render_chat(messages)
+        return text, not (self._bos_text and text.startswith(self._bos_text))

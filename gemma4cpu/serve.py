@@ -12,7 +12,8 @@ Extensions llama-server clients send are accepted: top_k, min_p, repeat_penalty,
 n_predict (= max_tokens), cache_prompt (always on). Other unknown fields are ignored, as llama-server
 does; known fields with a wrong type or an out-of-range value, malformed JSON, a prompt longer than
 the context, and unsupported features (n > 1, logprobs, tools, non-zero presence/frequency
-penalty) get a 4xx with an OpenAI-style {"error": {"message", "type", "param", "code"}} body.
+penalty) get a 4xx with an OpenAI-style {"error": {"message", "type", "param", "code"}} body,
+streamed requests too (the prompt is rendered, tokenized and checked before the stream starts).
 
 One engine, one generation at a time: requests wait in a FIFO queue (--max-queue; beyond it 503)
 and are served in order by one engine thread. A request whose client goes away (a closed stream or
@@ -247,10 +248,8 @@ class EngineWorker:
     def _one(self, job: Job):
         eng = self.engine
         try:
-            if job.kind == "chat":
-                s = eng.chat(job.prompt, stream=True, **job.gen)
-            else:
-                s = eng.generate(job.prompt, stream=True, **job.gen)
+            # job.prompt: the token ids the request handler checked (Engine.prompt_ids / chat_ids)
+            s = eng.generate(job.prompt, stream=True, **job.gen)
             for piece in s:
                 if job.cancel.is_set():
                     s.close()
@@ -302,6 +301,9 @@ def create_app(engine, model_name: str | None = None, max_queue: int = 64, defau
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    from gemma4cpu.engine import ContextLengthError
+    from gemma4cpu.sampling import SamplingParams
 
     name = model_name or os.path.basename(engine.model_path)
     worker = EngineWorker(engine, max_queue=max_queue)
@@ -356,18 +358,31 @@ def create_app(engine, model_name: str | None = None, max_queue: int = 64, defau
                      "draft": getattr(e.assistant, "path", None) if e.assistant is not None else None,
                      "spec_type": e._spec_defaults["spec_type"]}}]}
 
+    def prompt_ids(kind: str, prompt) -> list[int]:
+        """The token ids the engine will run, with every refusal generate() would make before its
+        first token (template errors, an empty prompt, a prompt that does not fit the context), as a
+        4xx now: a streamed request must get it before its 200 and the event stream begin."""
+        param = "messages" if kind == "chat" else "prompt"
+        try:
+            return engine.chat_ids(prompt) if kind == "chat" else engine.prompt_ids(prompt)
+        except ContextLengthError as e:
+            raise APIError(str(e), param=param, code="context_length_exceeded") from None
+        except ValueError as e:
+            raise APIError(str(e), param=param) from None
+
     async def run(request: Request, kind: str):
         body = await read_json(request)
         opts = sampling_options(body, engine.n_ctx, default_max_tokens)
-        if kind == "chat":
-            prompt = chat_messages(body)
-            try:
-                engine.render_chat(prompt)          # template errors are the request's fault: 400 now
-            except ValueError as e:
-                raise APIError(str(e), param="messages") from None
-        else:
-            prompt = completion_prompt(body, engine.n_vocab)
-        job = Job(kind, prompt, opts["gen"], asyncio.get_running_loop())
+        g = opts["gen"]
+        try:                  # the engine's own parameter checks (sampling_options' ranges are narrower)
+            SamplingParams(**{k: g[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                                                 "repeat_last_n", "seed")}).validate()
+        except ValueError as e:
+            raise APIError(str(e)) from None
+        prompt = chat_messages(body) if kind == "chat" else completion_prompt(body, engine.n_vocab)
+        # rendering and tokenizing touch no engine state: off the event loop, beside a running generation
+        ids = await asyncio.to_thread(prompt_ids, kind, prompt)
+        job = Job(kind, ids, g, asyncio.get_running_loop())
         worker.submit(job)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         obj = "chat.completion" if kind == "chat" else "text_completion"

@@ -61,13 +61,20 @@ def eng():
     return Engine(threads=2, n_ctx=N_CTX, progress=False)
 
 
+def _json_or_text(raw: bytes):
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")        # an event stream, say
+
+
 def _post(server, path, data: bytes):
     req = urllib.request.Request(server["url"] + path, data=data, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
+            return r.status, _json_or_text(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        return e.code, _json_or_text(e.read())
 
 
 def _get(server, path):
@@ -232,6 +239,30 @@ def test_too_long_prompt_and_unknown_route(server):
     status, js = _post(server, "/v1/nothing", b"{}")
     assert status == 404 and js["error"]["message"]
     assert _get(server, "/health")["status"] == "ok"          # still serving
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "word " * (N_CTX + 10)}),
+    ("/v1/completions", {"prompt": [2] * N_CTX}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * (N_CTX + 10)}]}),
+])
+def test_too_long_streamed_prompt_gets_the_same_400(server, path, body):
+    """stream=True is refused before the 200 and the event stream start, with the body a
+    non-streamed request gets (not a 200 carrying an error event)."""
+    before = _get(server, "/health")
+    whole = _post(server, path, json.dumps(body).encode())
+    status, js = _post(server, path, json.dumps({**body, "stream": True}).encode())
+    assert status == 400, (status, str(js)[:300])
+    assert js["error"]["code"] == "context_length_exceeded" and f"context holds {N_CTX}" in js["error"]["message"]
+    assert whole == (400, js)
+    after = _get(server, "/health")
+    assert after["requests"] == before["requests"] and after["errors"] == before["errors"]   # never queued
+
+
+def test_streamed_chat_refused_by_the_template_gets_400(server):
+    status, js = _post(server, "/v1/chat/completions", json.dumps(
+        {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "stream": True}).encode())
+    assert status == 400 and js["error"]["param"] == "messages" and "alternate" in js["error"]["message"], js
 
 
 def test_speculative_server_with_an_mtp_assistant(tmp_path):
