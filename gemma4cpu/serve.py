@@ -17,7 +17,8 @@ streamed requests too (the prompt is rendered, tokenized and checked before the 
 
 One engine, one generation at a time: requests wait in a FIFO queue (--max-queue; beyond it 503)
 and are served in order by one engine thread. A request whose client goes away (a closed stream or
-connection) is cancelled: a queued one is dropped, a running one stops at its next token. Stop
+connection) is cancelled: a queued one is dropped at once (its queue slot is free again; /health
+counts it under "dropped"), a running one stops at its next token. Stop
 strings are held back while they might still be forming, so they never appear in streamed text;
 greedy streamed text equals non-streamed text.
 
@@ -197,6 +198,7 @@ class Job:
         self.kind, self.prompt, self.gen, self.loop = kind, prompt, gen, loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancel = threading.Event()
+        self.state = "new"              # queued -> running, or dropped (EngineWorker, under its lock)
         self.t_submit = time.time()
 
     def emit(self, *ev):
@@ -214,7 +216,9 @@ class EngineWorker:
         self.q: queue.Queue = queue.Queue()
         self.waiting = 0
         self.busy = False
-        self.counts = {"requests": 0, "completed": 0, "cancelled": 0, "errors": 0, "rejected": 0}
+        # cancelled: requests whose client went away (running or queued); dropped: the queued ones
+        # among them, taken off the queue at once without running
+        self.counts = {"requests": 0, "completed": 0, "cancelled": 0, "dropped": 0, "errors": 0, "rejected": 0}
         self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="gemma4cpu-engine", daemon=True)
         self.thread.start()
@@ -227,7 +231,19 @@ class EngineWorker:
                                type_="server_error", code="queue_full")
             self.waiting += 1
             self.counts["requests"] += 1
+            job.state = "queued"
         self.q.put(job)
+
+    def cancel(self, job: Job):
+        """The client of `job` went away: a queued job leaves the queue now (its slot is free for
+        --max-queue at once, and it never runs); a running one stops at its next token."""
+        with self._lock:
+            if job.state == "queued":
+                job.state = "dropped"
+                self.waiting -= 1
+                self.counts["cancelled"] += 1
+                self.counts["dropped"] += 1
+        job.cancel.set()
 
     def _run(self):
         while True:
@@ -235,6 +251,9 @@ class EngineWorker:
             if job is None:
                 return
             with self._lock:
+                if job.state == "dropped":          # counted by cancel()
+                    continue
+                job.state = "running"
                 self.waiting -= 1
             if job.cancel.is_set():
                 self.counts["cancelled"] += 1
@@ -400,7 +419,7 @@ def create_app(engine, model_name: str | None = None, max_queue: int = 64, defau
                     ev, val = await asyncio.wait_for(job.events.get(), timeout=0.5)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
-                        job.cancel.set()
+                        worker.cancel(job)
                         return JSONResponse({"error": {"message": "client disconnected"}}, status_code=499)
                     continue
                 if ev == "piece":
@@ -413,7 +432,7 @@ def create_app(engine, model_name: str | None = None, max_queue: int = 64, defau
                     r = val
                     break
         except asyncio.CancelledError:
-            job.cancel.set()
+            worker.cancel(job)
             raise
         st = r.stats
         text = "".join(parts)
@@ -465,7 +484,7 @@ def create_app(engine, model_name: str | None = None, max_queue: int = 64, defau
                     break
             yield "data: [DONE]\n\n"
         finally:                      # the client went away (the generator is closed / cancelled)
-            job.cancel.set()
+            worker.cancel(job)
 
     @app.post("/v1/completions")
     @app.post("/completions")

@@ -3,6 +3,7 @@ Gemma 3 270M: chat and streaming, prefix reuse across chat turns (also past the 
 stop strings, cancellation when the client goes away, and 4xx for bad requests."""
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -23,10 +24,9 @@ N_CTX = 2048
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
-@pytest.fixture(scope="module")
-def server():
-    p = subprocess.Popen([sys.executable, "-m", "gemma4cpu.serve", "--port", "0", "-t", "2", "-c", str(N_CTX),
-                          "-np", "2", "-fa", "on", "--jinja", "-ngl", "99"],
+def _start_server(*args):
+    """A server subprocess on a free port: {"url", "log" (its stderr lines, still filling), "proc"}."""
+    p = subprocess.Popen([sys.executable, "-m", "gemma4cpu.serve", "--port", "0", *args],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines, port = [], None
     deadline = time.monotonic() + 120
@@ -43,12 +43,24 @@ def server():
         p.kill()
         pytest.fail("server did not start: " + "".join(lines))
     threading.Thread(target=lambda: [lines.append(x) for x in p.stderr], daemon=True).start()
-    yield {"url": f"http://127.0.0.1:{port}", "log": lines}
+    return {"url": f"http://127.0.0.1:{port}", "log": lines, "proc": p}
+
+
+def _stop_server(srv):
+    p = srv["proc"]
     p.terminate()
     try:
         p.wait(timeout=10)
     except subprocess.TimeoutExpired:
         p.kill()
+        p.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = _start_server("-t", "2", "-c", str(N_CTX), "-np", "2", "-fa", "on", "--jinja", "-ngl", "99")
+    yield srv
+    _stop_server(srv)
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +275,86 @@ def test_streamed_chat_refused_by_the_template_gets_400(server):
     status, js = _post(server, "/v1/chat/completions", json.dumps(
         {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "stream": True}).encode())
     assert status == 400 and js["error"]["param"] == "messages" and "alternate" in js["error"]["message"], js
+
+
+# ---- the queue: --max-queue and clients that leave while queued ----------------------------------
+
+def _open(srv, path, body: dict) -> socket.socket:
+    """Send a request on a raw connection and leave it open (the test closes it: the client leaving)."""
+    port = int(srv["url"].rsplit(":", 1)[1])
+    s = socket.create_connection(("127.0.0.1", port), timeout=120)
+    data = json.dumps(body).encode()
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+def _read_until(s: socket.socket, marker: bytes) -> bytes:
+    buf = b""
+    while marker not in buf:
+        chunk = s.recv(65536)
+        assert chunk, f"connection closed before {marker!r}: {buf[-300:]!r}"
+        buf += chunk
+    return buf
+
+
+def _wait_health(srv, cond, what: str, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        h = _get(srv, "/health")
+        if cond(h):
+            return h
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {h}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def queue_server():
+    srv = _start_server("-t", "2", "-c", str(N_CTX), "--max-queue", "1")
+    yield srv
+    _stop_server(srv)
+
+
+def test_full_queue_gets_503_and_a_queued_client_that_leaves_is_dropped(queue_server):
+    """--max-queue 1. A (a long counting stream) holds the engine; B waits in the queue, so C gets
+    503 queue_full. B's client leaving (streamed, then non-streamed) takes it off the queue at once:
+    the slot is free again while A still runs, and B never runs (dropped, not completed). D then
+    waits in the freed slot and is served once A's client goes away too."""
+    srv = queue_server
+    h0 = _get(srv, "/health")
+    a = _open(srv, "/v1/completions", {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 2000, "temperature": 0,
+                                       "stream": True})
+    try:
+        _read_until(a, b'"text"')                       # A's first token: the engine is busy with A
+        assert _get(srv, "/health")["busy"]
+        b = _open(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                                                "stream": True})
+        _wait_health(srv, lambda h: h["queue"] == 1, "B queued")
+        status, js = _post(srv, "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1}).encode())
+        assert status == 503 and js["error"]["code"] == "queue_full" and js["error"]["type"] == "server_error", js
+        b.close()                                        # a streamed client leaves while queued
+        h = _wait_health(srv, lambda h: h["queue"] == 0, "B (streamed) dropped")
+        assert h["busy"] and h["dropped"] == h0["dropped"] + 1, h
+        b = _open(srv, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+        _wait_health(srv, lambda h: h["queue"] == 1, "B (not streamed) queued")
+        b.close()                                        # a non-streamed one (seen within 0.5 s)
+        h = _wait_health(srv, lambda h: h["queue"] == 0, "B (not streamed) dropped")
+        assert h["busy"] and h["dropped"] == h0["dropped"] + 2, h
+        out = {}
+        d = threading.Thread(target=lambda: out.update(r=_post(srv, "/v1/completions", json.dumps(
+            {"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0}).encode())))
+        d.start()
+        _wait_health(srv, lambda h: h["queue"] == 1, "D queued")
+        assert _get(srv, "/health")["busy"]               # A has not finished on its own
+    finally:
+        a.close()                                        # A's client goes away: A stops, D runs
+    d.join(120)
+    status, js = out["r"]
+    assert status == 200 and js["choices"][0]["text"], js
+    h = _wait_health(srv, lambda h: not h["busy"] and h["queue"] == 0, "idle")
+    assert h["completed"] == h0["completed"] + 1, h            # D only: neither B ran
+    assert h["cancelled"] == h0["cancelled"] + 3 and h["dropped"] == h0["dropped"] + 2, h   # A, both Bs
+    assert h["rejected"] == h0["rejected"] + 1 and h["requests"] == h0["requests"] + 4, h   # C not counted
 
 
 def test_speculative_server_with_an_mtp_assistant(tmp_path):
