@@ -88,6 +88,34 @@ def test_file_pages_placed_and_moved(tmp_path, mode):
 
 
 @needs_syscalls
+def test_check_counts_sampled_and_all_pages():
+    buf = P.AnonBuffer(100 * P.PAGE)
+    buf.array[::P.PAGE] = 1
+    buf.array[50 * P.PAGE:60 * P.PAGE] = 0
+    node = MEMS[0]
+    r = [P.Range("buf", buf.addr, buf.nbytes, (node,), P.MPOL_BIND),
+         P.Range("half", buf.addr + 20 * P.PAGE, 30 * P.PAGE + 1, (node,), P.MPOL_BIND)]   # 31 pages
+    for sample, want in [(7, 7 + 7), (None, 100 + 31), (1000, 100 + 31), (1, 2)]:
+        c = P.check(r, sample)
+        assert (c.pages, c.ok, c.wrong, c.absent, c.per_node) == (want, want, 0, 0, {node: want}), (sample, c.line())
+    assert list(P._sample_pages(r[0], 4)) == [buf.addr + i * P.PAGE for i in (0, 33, 66, 99)]
+
+
+def test_placing_does_not_import_numpy_ma(gguf_path):
+    """The sampled page checks (copies of the weights, the KV cache) pick their pages without
+    np.unique, whose first plain call imports numpy.ma (~7-10 ms of a 120 ms load); a dense model's
+    load and forward never import it otherwise."""
+    code = ("import sys, functools; from gemma4cpu import placement as P; "
+            "P.place_kv = functools.partial(P.place_kv, force=True); from gemma4cpu.model import Model; "
+            f"m = Model({str(gguf_path)!r}, n_ctx=512, numa='mirror', threads=1, progress=False); "
+            "m.forward([2, 818]); r = m.numa.report; "
+            "assert r.check.pages > 0 and r.kv.pages > 0 and not r.check.absent; print('numpy.ma' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+@needs_syscalls
 def test_thread_policy_is_restored():
     before = P.get_mempolicy()
     with P.thread_policy(P.MPOL_BIND, [MEMS[0]]):
