@@ -34,29 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker threads (default: one per allowed CPU, or per CPU in --cpus)")
     p.add_argument("-C", "--cpus", metavar="LIST",
                    help="taskset-style CPU list to pin the workers to, e.g. 0-15 or 0-7,64-71")
-    g = p.add_argument_group("threads and NUMA placement")
-    g.add_argument("-tb", "--threads-batch", type=int, default=None, metavar="N",
-                   help="worker threads for calls of more than one token (prompt, verify batches); "
-                        "default: the same as -t")
-    g.add_argument("--numa", default="auto", metavar="MODE",
-                   choices=["auto", "none", "distribute", "isolate", "interleave", "mirror", "numactl"],
-                   help="auto (default: distribute on several nodes, else none); distribute: threads on every "
-                        "node, each matrix split by rows, node j's rows on node j; isolate: one node; interleave: "
-                        "weight pages interleaved over the nodes; mirror: a copy of the weights per node (refused "
-                        "when memory is short); none (numactl: the same, for llama.cpp's flag): no placement")
-    g.add_argument("--numa-nodes", metavar="LIST",
-                   help="NUMA nodes to use, e.g. 0 or 0-3 (isolate: the first; default: every node of the "
-                        "allowed CPUs)")
-    g.add_argument("--smt", action="store_true",
-                   help="also use SMT siblings (hyper-threads) by default; without it one thread per physical core")
-    g.add_argument("--no-mmap", action="store_true",
-                   help="read the weights into anonymous memory (placed before it is written) instead of mapping "
-                        "the file")
-    g.add_argument("--mlock", action="store_true",
-                   help="lock the weights in RAM (needs RLIMIT_MEMLOCK or CAP_IPC_LOCK; a warning if refused)")
-    g.add_argument("--thp", action="store_true",
-                   help="back the weights with transparent huge pages (implies --no-mmap: THP is for anonymous "
-                        "memory)")
+    from gemma4cpu import numa_args
+    g = numa_args.add_args(p)     # -tb --numa --numa-nodes --smt --no-mmap --mlock --thp
     g.add_argument("--show-placement", action="store_true",
                    help="print the thread plan (CPUs per node and pool) and the checked weight placement")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
@@ -122,14 +101,12 @@ def main(argv=None) -> int:
         except ValueError as e:
             print(f"error: --cpus: {e}", file=err)
             return 2
-    numa_nodes = None
-    if a.numa_nodes:
-        from gemma4cpu.cpulist import parse_cpu_list
-        try:
-            numa_nodes = parse_cpu_list(a.numa_nodes)
-        except ValueError as e:
-            print(f"error: --numa-nodes: {e}", file=err)
-            return 2
+    from gemma4cpu import numa_args
+    try:
+        nkw = numa_args.engine_kwargs(a)
+    except ValueError as e:
+        print(f"error: {e}", file=err)
+        return 2
     if a.file:
         try:
             prompt = sys.stdin.read() if a.file == "-" else open(a.file, encoding="utf-8").read()
@@ -177,8 +154,7 @@ def main(argv=None) -> int:
         with warnings.catch_warnings(record=True) as numa_warnings:   # printed as "warning: ..." below
             warnings.simplefilter("always", NumaWarning)
             eng = Engine(a.model, draft=a.model_draft, threads=a.threads, cpus=cpus, n_ctx=a.ctx_size,
-                         threads_batch=a.threads_batch, numa="none" if a.numa == "numactl" else a.numa,
-                         numa_nodes=numa_nodes, smt=a.smt, mmap=not a.no_mmap, mlock=a.mlock, thp=a.thp,
+                         mmap=not a.no_mmap, mlock=a.mlock, **nkw,
                          cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v, progress=not a.quiet,
                          spec_type=spec_type, draft_max=a.draft_max, draft_min=a.draft_min,
                          draft_p_min=a.draft_p_min, spec_autotune=a.spec_autotune, **ckw)
