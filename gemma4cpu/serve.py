@@ -502,7 +502,7 @@ def create_app(engine, model_name: str | None = None, max_queue: int = 64, defau
 # ---- command line ----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from gemma4cpu import compat
+    from gemma4cpu import compat, numa_args
     p = argparse.ArgumentParser(prog="python -m gemma4cpu.serve",
                                 description="OpenAI-compatible server (completions, chat, SSE streaming) for a "
                                             "Gemma GGUF on the CPU.",
@@ -517,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default max_tokens when a request gives none (-1 = until the context is full)")
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="worker threads")
     p.add_argument("-C", "--cpus", metavar="LIST", help="taskset-style CPU list to pin the workers to")
+    numa_args.add_args(p)           # -tb --numa --numa-nodes --smt --no-mmap --mlock --thp, as gemma4cpu.run
     p.add_argument("--cache-type-k", "-ctk", default="f16", choices=["f16", "f32", "q8_0", "q4_0"])
     p.add_argument("--cache-type-v", "-ctv", default="f16", choices=["f16", "f32", "q8_0", "q4_0"])
     p.add_argument("--spec-type", default=None, help="mtp (default with -md), ngram or none")
@@ -531,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from gemma4cpu import compat
+    from gemma4cpu import compat, numa_args
     a = build_parser().parse_args(argv)
     err = sys.stderr
     try:
@@ -564,11 +565,17 @@ def main(argv=None) -> int:
         except ValueError as e:
             print(f"error: --cpus: {e}", file=err)
             return 2
+    try:                # threads and NUMA options checked against this machine before the model loads
+        nkw = numa_args.engine_kwargs(a)
+        numa_args.check(nkw, threads=a.threads, cpus=cpus)
+    except ValueError as e:
+        print(f"error: {e}", file=err)
+        return 2
     from gemma4cpu.engine import Engine
     try:
         eng = Engine(a.model, draft=a.model_draft, threads=a.threads, cpus=cpus, n_ctx=a.ctx_size,
                      cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v, spec_type=a.spec_type,
-                     draft_max=a.draft_max, draft_min=a.draft_min, spec_autotune=a.spec_autotune, **ckw)
+                     draft_max=a.draft_max, draft_min=a.draft_min, spec_autotune=a.spec_autotune, **nkw, **ckw)
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, NotImplementedError, OSError, MemoryError) as e:
@@ -576,7 +583,10 @@ def main(argv=None) -> int:
         return 1
     app = create_app(eng, a.alias, max_queue=a.max_queue, default_max_tokens=a.n_predict)
     rings = eng.model.cache.ring_layers()
+    plan = eng.model.numa_plan
     print(f"gemma4cpu.serve: {os.path.basename(eng.model_path)} ({eng.arch}), n_ctx {eng.n_ctx}, "
+          f"numa {plan.mode}, {plan.decode.threads} threads"
+          + (f" ({plan.batch.threads} for batches)" if plan.batch is not plan.decode else "") + ", "
           f"KV cache {eng.model.cache.nbytes / 2**20:.0f} MiB"
           + (f", {eng.ctx_checkpoints} ring checkpoints of up to "
              f"{sum(eng.model.cache.k[i].nbytes + eng.model.cache.v[i].nbytes for i in rings) / 2**20:.0f} MiB each"

@@ -357,6 +357,33 @@ def test_full_queue_gets_503_and_a_queued_client_that_leaves_is_dropped(queue_se
     assert h["rejected"] == h0["rejected"] + 1 and h["requests"] == h0["requests"] + 4, h   # C not counted
 
 
+# ---- threads and NUMA options ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,match", [
+    (["--numa", "bogus"], "invalid choice"),
+    (["--numa-nodes", "99"], "unknown NUMA node"),
+    (["--numa-nodes", "x-"], "--numa-nodes"),
+    (["-tb", "0"], "--threads-batch must be >= 1"),
+    (["-C", "0", "-tb", "4096"], "more threads than CPUs"),
+])
+def test_numa_options_bad_values_are_clear_errors(args, match):
+    r = subprocess.run([sys.executable, "-m", "gemma4cpu.serve", "--port", "0", *args], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+
+
+def test_numa_options_reach_the_engine():
+    r = subprocess.run([sys.executable, "-m", "gemma4cpu.serve", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and all(f in r.stdout for f in ("--numa MODE", "--numa-nodes", "-tb", "--smt", "--thp"))
+    srv = _start_server("-t", "1", "-c", "64", "--numa", "isolate", "-tb", "1")
+    try:
+        log = "".join(srv["log"])
+        assert "numa isolate, 1 threads" in log, log
+        assert _get(srv, "/health")["status"] == "ok"
+    finally:
+        _stop_server(srv)
+
+
 def test_speculative_server_with_an_mtp_assistant(tmp_path):
     """-md: a tiny random Gemma 4 target + MTP assistant (token-id prompts): greedy output equals
     plain decoding, and the timings carry the drafted / accepted counts."""
