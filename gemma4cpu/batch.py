@@ -35,6 +35,8 @@ Workers (an Engine is not thread-safe: each worker is its own process with its o
                   pinned to the k-th group of --ray-cpus (default: that node's NUMA nodes, else
                   an even split of its CPUs). The model path must exist on every node. Ray is an
                   optional extra: pip install 'gemma4cpu[ray]'.
+  --numa MODE, --numa-nodes LIST, -tb N, --smt, --thp (as in gemma4cpu.run) go to every engine, each
+                  planned within its worker's CPU group; local plans are checked before any model loads.
 Items go to whichever worker is free; a worker that dies is replaced and its item recorded as an
 error. The same from Python:
 
@@ -377,6 +379,12 @@ def _make_engine(engine_kw: dict, cpus):
     return Engine(**kw)
 
 
+def _numa_mode(eng) -> str | None:
+    """The NUMA mode an Engine runs (auto resolved), for the worker lines."""
+    plan = getattr(getattr(eng, "model", None), "numa_plan", None)
+    return getattr(plan, "mode", None)
+
+
 def _worker_main(wid: int, cpus, engine_kw: dict, defaults: dict, tasks, results):
     """A worker process: load an Engine pinned to `cpus`, then generate items until None."""
     _die_with_parent()
@@ -386,7 +394,8 @@ def _worker_main(wid: int, cpus, engine_kw: dict, defaults: dict, tasks, results
     except BaseException as e:
         results.put(("fatal", wid, f"{type(e).__name__}: {e}"))
         return
-    results.put(("ready", wid, {"pid": os.getpid(), "cpus": list(cpus) if cpus else None}))
+    results.put(("ready", wid, {"pid": os.getpid(), "cpus": list(cpus) if cpus else None,
+                                "numa": _numa_mode(eng)}))
     while True:
         t = tasks.get()
         if t is None:
@@ -406,7 +415,7 @@ class LocalPool:
         self._todo = None
 
     def describe(self):
-        return ["worker 0: this process, all allowed CPUs"]
+        return [f"worker 0: this process, all allowed CPUs, numa {_numa_mode(self.engine)}"]
 
     def submit(self, wid, ln, item):
         self._todo = (ln, item)
@@ -463,7 +472,8 @@ class ProcessPool:
         self.procs[wid], self.tasks[wid] = p, q
 
     def describe(self):
-        return [f"worker {w}: pid {self.info.get(w, {}).get('pid')}, CPUs {self.groups[w]}" for w in self.workers]
+        return [f"worker {w}: pid {self.info.get(w, {}).get('pid')}, CPUs {self.groups[w]}, "
+                f"numa {self.info.get(w, {}).get('numa')}" for w in self.workers]
 
     def submit(self, wid, ln, item):
         self.tasks[wid].put((ln, item))
@@ -538,7 +548,7 @@ def _ray_actor_class(ray):
         def info(self):
             import socket
             return {"pid": os.getpid(), "host": socket.gethostname(), "cpus": self.cpus,
-                    "node_id": ray.get_runtime_context().get_node_id()}
+                    "node_id": ray.get_runtime_context().get_node_id(), "numa": _numa_mode(self.engine)}
 
         def run(self, ln, item):
             return ln, safe_run_item(self.engine, item, self.defaults)
@@ -583,7 +593,7 @@ class RayPool:
 
     def describe(self):
         return [f"worker {w}: ray actor on {i['host']} (node {i['node_id'][:8]}), pid {i['pid']}, CPUs "
-                f"{i['cpus'] or 'all'}" for w, i in enumerate(self.info)]
+                f"{i['cpus'] or 'all'}, numa {i.get('numa')}" for w, i in enumerate(self.info)]
 
     def submit(self, wid, ln, item):
         self.inflight[self.actors[wid].run.remote(ln, item)] = wid
@@ -774,7 +784,7 @@ def _main_thread() -> bool:
 # ---- command line ----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from gemma4cpu import compat
+    from gemma4cpu import compat, numa_args
     p = argparse.ArgumentParser(
         prog="python -m gemma4cpu.batch",
         description="Generate for every line of a JSONL file; results in input order, resumable.",
@@ -787,6 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context per engine (default 4096)")
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="threads of the single in-process engine (workers use their CPU group)")
+    numa_args.add_args(p, "threads and NUMA placement of every engine (each worker plans within its CPU group)")
     g = p.add_argument_group("workers")
     g.add_argument("--workers", type=int, default=None, metavar="N",
                    help="N worker processes over the allowed CPUs split in N groups")
@@ -817,7 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from gemma4cpu import compat
+    from gemma4cpu import compat, numa_args
     a = build_parser().parse_args(argv)
     err = sys.stderr
     try:
@@ -854,8 +865,17 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=err)
         return 2
+    try:                # threads and NUMA options, checked for each local worker before any model loads
+        nkw = numa_args.engine_kwargs(a)
+        if not a.ray:       # (a Ray node plans on its own machine)
+            groups = cpu_groups(a.cpus, a.workers)
+            for g in groups or [None]:
+                numa_args.check(nkw, threads=a.threads if g is None else None, cpus=g)
+    except ValueError as e:
+        print(f"error: {e}", file=err)
+        return 2
     ekw = dict(threads=a.threads, n_ctx=a.ctx_size, cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v,
-               spec_type=a.spec_type, draft_max=a.draft_max, spec_autotune=a.spec_autotune, **ckw)
+               spec_type=a.spec_type, draft_max=a.draft_max, spec_autotune=a.spec_autotune, **nkw, **ckw)
     try:
         s = run_batch(a.input, a.output, model=a.model, draft=a.model_draft, workers=a.workers, cpus=a.cpus,
                       ray=a.ray, ray_per_node=a.ray_per_node, ray_cpus=a.ray_cpus, defaults=defaults,

@@ -2,6 +2,7 @@
 torn tails, worker processes, and the same job on a two-node local Ray cluster."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,6 +147,29 @@ def test_kill_then_rerun_gives_one_line_per_input(eng, tmp_path):
     assert {x["worker"] for x in recs} <= {0, 1}
     for x, prompt in zip(recs, PROMPTS):
         assert x["error"] is None and x["tokens"] == eng.generate(prompt, max_tokens=12).tokens
+
+
+def test_cli_numa_options(tmp_path):
+    """-tb, --numa, --numa-nodes, --smt, --thp: a bad value is one error line before anything runs
+    (no output file); a good one reaches the worker processes' engines (their line names the mode)."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [json.dumps(PROMPTS[0])])
+    r = subprocess.run([sys.executable, "-m", "gemma4cpu.batch", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and all(f in r.stdout for f in ("--numa MODE", "--numa-nodes", "-tb", "--smt", "--thp"))
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    for args, match in ((["--numa", "bogus"], "invalid choice"), (["--numa-nodes", "99"], "unknown NUMA node"),
+                        (["-tb", "0"], "--threads-batch must be >= 1"),
+                        (["--cpus", str(cpu), "-tb", "4096"], "more threads than CPUs")):
+        r = subprocess.run([sys.executable, "-m", "gemma4cpu.batch", str(inp), "-o", str(out), *args],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
+        assert not out.exists()
+    r = subprocess.run([sys.executable, "-m", "gemma4cpu.batch", str(inp), "-o", str(out), "-n", "2", "--cpus",
+                        str(cpu), "--numa", "isolate", "-tb", "1", "--no-progress"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(rf"worker 0: pid \d+, CPUs \[{cpu}\], numa isolate", r.stderr), r.stderr
+    assert _records(out)[0]["error"] is None
 
 
 def test_cli_help_and_errors(tmp_path):
