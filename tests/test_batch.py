@@ -1,5 +1,6 @@
 """gemma4cpu.batch: results equal single generate calls, error records, order, resume after kill -9,
 torn tails, worker processes, and the same job on a two-node local Ray cluster."""
+import io
 import json
 import os
 import re
@@ -147,6 +148,80 @@ def test_kill_then_rerun_gives_one_line_per_input(eng, tmp_path):
     assert {x["worker"] for x in recs} <= {0, 1}
     for x, prompt in zip(recs, PROMPTS):
         assert x["error"] is None and x["tokens"] == eng.generate(prompt, max_tokens=12).tokens
+
+
+def test_sigterm_then_rerun_gives_one_line_per_input(eng, tmp_path):
+    """As the kill -9 test, with SIGTERM (the runner's on_term handler): the run stops its workers,
+    says it was interrupted (exit 130), leaves only whole records, and a rerun finishes with exactly
+    one record per line, in order, none twice, each equal to a single generate call."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [json.dumps({"prompt": p}) for p in PROMPTS])
+    args = [str(inp), "-o", str(out), "-n", "12", "--workers", "2", "--no-progress", "--no-fsync"]
+    p = _cli(*args)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and p.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 1:
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, p.communicate()
+    os.kill(p.pid, signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted: rerun the same command" in err, err[-2000:]
+    pending = str(out) + ".pending"
+    for f in (str(out), pending):
+        if os.path.exists(f):
+            data = Path(f).read_bytes()
+            assert not data or data.endswith(b"\n"), f"{f} ends in a torn line"
+    done = batch._read_records(str(out), False) + (batch._read_records(pending, False)
+                                                    if os.path.exists(pending) else [])
+    n_before = len({r["line"] for r in done})
+    assert 1 <= n_before < len(PROMPTS)
+    assert all(r["error"] is None for r in done)        # nothing in flight was written as a failure
+    r = _cli(*args)
+    _, err = r.communicate(timeout=300)
+    assert r.returncode == 0, err
+    assert f"{n_before} skipped" in err
+    recs = _records(out)
+    assert [x["line"] for x in recs] == list(range(1, len(PROMPTS) + 1))
+    assert not os.path.exists(pending)
+    for x, prompt in zip(recs, PROMPTS):
+        assert x["error"] is None and x["tokens"] == eng.generate(prompt, max_tokens=12).tokens
+
+
+class _TTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_shows_items_and_tokens_per_second(eng, tmp_path, capsys, monkeypatch):
+    """progress=True: on a pipe, a line for the first item and a final one; on a terminal, one
+    '\r' redraw per item and a final newline. Each shows done/total items (resumed lines count as
+    done), errors, the tokens generated and a tok/s figure."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [json.dumps({"prompt": p, "max_tokens": 3}) for p in PROMPTS[:2]] + ["{bad"])
+    s = batch.run_batch(str(inp), str(out), engine=eng, progress=True, log=lambda m: None)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if " items" in ln]
+    assert len(lines) >= 2, err          # the first record (the bad line, recorded up front), ..., the final line
+    assert "] 1/3 items, 1 errors | 0 tokens, 0.0 tok/s" in lines[0], lines[0]
+    final = lines[-1]
+    m = re.search(r"\] (\d+)/(\d+) items, (\d+) errors \| (\d+) tokens, ([\d.]+) tok/s", final)
+    assert m, final
+    tokens = sum(r["usage"]["completion_tokens"] for r in _records(out)[:2])
+    assert (int(m[1]), int(m[2]), int(m[3]), int(m[4])) == (3, 3, 1, tokens) and tokens == s.tokens > 0
+    assert float(m[5]) > 0 and final.startswith("[" + "#" * 24 + "]")
+    # a resumed run on a terminal: the done lines count from the start, only new tokens count
+    _write(inp, [json.dumps({"prompt": p, "max_tokens": 3}) for p in PROMPTS[:2]] + ["{bad"]
+           + [json.dumps({"prompt": PROMPTS[2], "max_tokens": 2})])
+    tty = _TTY()
+    monkeypatch.setattr(sys, "stderr", tty)
+    batch.run_batch(str(inp), str(out), engine=eng, progress=True, log=lambda m: None)
+    shown = tty.getvalue()
+    assert shown.count("\r") == 2 and shown.endswith("\n"), repr(shown)     # the item, then the final redraw
+    m = re.search(r"\] (\d+)/(\d+) items \| (\d+) tokens, ([\d.]+) tok/s", shown.split("\r")[-1])
+    new_tokens = _records(out)[3]["usage"]["completion_tokens"]
+    assert m and (int(m[1]), int(m[2]), int(m[3])) == (4, 4, new_tokens) and new_tokens > 0, repr(shown)
+    assert float(m[4]) > 0
 
 
 def test_cli_numa_options(tmp_path):
