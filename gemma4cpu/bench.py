@@ -15,6 +15,8 @@ the allowed CPUs), after one untimed warm-up, repeated -r times, reported as mea
           assistant), ngram (prompt lookup), replay (--replay-hit P: each draft is right with
           probability P, the real -md drafter's compute still runs: the speed at a chosen acceptance,
           for synthetic models whose random weights accept nothing)
+Threads and placement: --numa, --numa-nodes, -tb, --smt, --thp, --no-mmap, --mlock as in gemma4cpu.run,
+for every thread count; the header gives each count's resolved NUMA plan (header.numa in JSON).
 Output (-o): md (default; the header with machine and placement first), csv, json; stdout holds
 only that, progress goes to stderr. --vs-llama-cpp PATH runs PATH (llama-bench) on the same file,
 threads and CPUs (taskset) in the same session and prints both side by side (skipped with a message
@@ -274,6 +276,8 @@ def render_md(header: dict, results: list[dict], llama: dict) -> str:
     lines += [f"numa     {x}" for x in (header["machine"]["numa"] or [])[:6]]
     for t, plan in header["pin_plans"].items():
         lines.append(f"pinning  {t} threads: " + ", ".join(f"w{w}->cpu{c}" for w, c, *_ in plan))
+    for t, plan in header.get("numa", {}).get("plans", {}).items():     # the resolved mode first, then pools
+        lines += [f"placement {t} threads: {x.strip()}" for x in plan]
     lines.append(f"config   {header['config']}")
     if llama.get("skipped"):
         lines.append(f"llama.cpp skipped: {llama['skipped']}")
@@ -357,7 +361,7 @@ def plot(results: list[dict], path: str):
 # ---- main ----------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from gemma4cpu import compat
+    from gemma4cpu import compat, numa_args
     p = argparse.ArgumentParser(prog="python -m gemma4cpu.bench", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", help="GGUF file or synth:SHAPE[:LAYERS][:q8_0] (default: the embedded 270M)")
@@ -367,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--repetitions", type=int, default=5, help="runs per test (default 5)")
     p.add_argument("-t", "--threads", default=None, help="thread counts, comma-separated (default: all allowed)")
     p.add_argument("-C", "--cpus", help="taskset-style CPU list; T threads use its first T (default: allowed CPUs)")
+    numa_args.add_args(p, "threads and NUMA placement (as gemma4cpu.run; the plan of each thread count is in the "
+                          "header)")
     p.add_argument("--spec-type", default=None, choices=["mtp", "ngram", "replay", "none"],
                    help="speculative tgN runs: mtp (default with -md), ngram, replay (--replay-hit), none")
     p.add_argument("--draft-max", default="3", help="draft lengths for the speculative runs (sweep), e.g. 1,2,4")
@@ -382,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from gemma4cpu import compat
+    from gemma4cpu import compat, numa_args
     a = build_parser().parse_args(argv)
     err = sys.stderr
     try:
@@ -404,6 +410,9 @@ def main(argv=None) -> int:
             raise ValueError("--replay-hit must be in [0, 1]")
         if any(not 1 <= k <= 16 for k in kmax):
             raise ValueError("--draft-max values must be in 1..16")
+        nkw = numa_args.engine_kwargs(a)
+        for t in threads:                    # each thread count's plan, before any model is written or loaded
+            numa_args.check(nkw, cpus=cpus[:t])
         path, shape = resolve_model(a.model)
         draft = resolve_draft(a.model_draft, shape)
     except ValueError as e:
@@ -438,6 +447,7 @@ def main(argv=None) -> int:
     n_ctx = a.ctx_size or max([64] + [x + 8 for x in pps] + [x + 200 for x in tgs])
     results: list[dict] = []
     pin_plans = {}
+    numa_modes, numa_plans = {}, {}
     name = os.path.basename(path)
     t_start = time.perf_counter()
 
@@ -453,11 +463,13 @@ def main(argv=None) -> int:
         try:
             eng = Engine(path, draft=draft if spec_kind in ("mtp", "replay") else None, cpus=cp, n_ctx=n_ctx,
                          cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v, progress=True,
-                         spec_type="none", **ckw)
+                         spec_type="none", **nkw, **ckw)
         except (ValueError, OSError, MemoryError, NotImplementedError) as e:
             print(f"error: {e}", file=err)
             return 1
         pin_plans[str(t)] = _pin_plan(eng)
+        np_ = eng.model.numa_plan
+        numa_modes[str(t)], numa_plans[str(t)] = np_.mode, np_.describe()
         log(f"[{t} threads on CPUs {cp}]")
         for n in pps:
             row("gemma4cpu", t, cp, f"pp{n}", n, 0, bench_pp(eng, n, a.repetitions))
@@ -488,10 +500,15 @@ def main(argv=None) -> int:
                     row("llama.cpp", t, cp, test, x.get("n_prompt", 0), x.get("n_gen", 0), [float(v) for v in samples])
                     llama["build"] = f"{x.get('build_commit')} ({x.get('build_number')})"
                     llama["backends"] = x.get("backends")
+    numa_cfg = (f"numa={a.numa}" + (f" nodes={a.numa_nodes}" if a.numa_nodes else "")
+                + (f", threads-batch={a.threads_batch}" if a.threads_batch else "") + (", smt" if a.smt else "")
+                + (", thp" if a.thp else ""))
     header = {"tool": "python -m gemma4cpu.bench", "model": path, "draft": draft, "machine": machine(),
               "pin_plans": pin_plans,
+              "numa": {"requested": a.numa, "numa_nodes": nkw["numa_nodes"], "threads_batch": a.threads_batch,
+                       "smt": a.smt, "thp": a.thp, "resolved": numa_modes, "plans": numa_plans},
               "config": f"runs={a.repetitions} (mean ± stddev of t/s after 1 warm-up), threads={threads}, "
-                        f"cpus={cpus}, n_ctx={n_ctx}, KV {a.cache_type_k}/{a.cache_type_v}, "
+                        f"cpus={cpus}, {numa_cfg}, n_ctx={n_ctx}, KV {a.cache_type_k}/{a.cache_type_v}, "
                         f"spec={spec_kind}" + (f" draft-max={kmax}" if spec_kind != "none" else "")
                         + (f", replay hit {a.replay_hit:g}" if spec_kind == "replay" else ""),
               "elapsed_s": time.perf_counter() - t_start}

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -115,6 +116,26 @@ def test_replay_sweep_with_an_mtp_assistant_and_plot(tmp_path):
     assert all(x["acceptance"] == 1.0 for x in spec)
     assert spec[0]["tokens_per_round"] == 2.0 and spec[1]["tokens_per_round"] > 3.0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_numa_options_are_checked_and_the_header_states_the_resolved_mode():
+    """-tb, --numa, --numa-nodes, --smt, --thp as in gemma4cpu.run: a bad value is one error line
+    (exit 2, no traceback) before any model loads; a good one reaches every thread count's engine
+    and the header (JSON and markdown) states the mode it resolved to."""
+    r = _bench("--help")
+    assert all(f in r.stdout for f in ("--numa MODE", "--numa-nodes", "-tb", "--smt", "--thp"))
+    for args, match in ((["--numa", "bogus"], "invalid choice"), (["--numa-nodes", "99"], "unknown NUMA node"),
+                        (["-tb", "0"], "--threads-batch must be >= 1"),
+                        (["-t", "1", "-tb", "2"], "threads_batch=2: more threads than CPUs")):   # 1 CPU for -t 1
+        r = _bench(*args, check=False)
+        assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
+    d = json.loads(_bench("-p", "16", "-n", "0", "-r", "1", "-t", "1", "--numa", "numactl", "-tb", "1",
+                          "-o", "json").stdout)
+    n = d["header"]["numa"]
+    assert n["requested"] == "numactl" and n["resolved"] == {"1": "none"} and n["threads_batch"] == 1
+    assert n["plans"]["1"][0].startswith("numa none") and "numa=numactl" in d["header"]["config"]
+    md = _bench("-p", "16", "-n", "0", "-r", "1", "-t", "1", "--numa", "isolate").stdout
+    assert re.search(r"^placement 1 threads: numa isolate: compute nodes \d+", md, re.M), md
 
 
 def test_bad_arguments_and_synthetic_names(monkeypatch, tmp_path):
