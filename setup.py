@@ -20,11 +20,15 @@ OPT = ["-O1"] if SAN else ["-O3"]
 X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 AVX2 = ["-mavx2", "-mfma", "-mf16c", "-mbmi2"]
 AVX512 = AVX2 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"]
+# tile instructions are inline asm (csrc/amx/amx.h); no -mamx-* flags are needed, only VBMI
+AMX = AVX512 + ["-mavx512vbmi"]
 
 libraries = [("g4_ref", {"sources": sorted(glob("csrc/ref/*.c")), "cflags": BASE + ["-O2"]})]
 if X86:
     libraries += [
         ("g4_avx2", {"sources": sorted(glob("csrc/avx2/*.c")), "cflags": BASE + OPT + AVX2}),
+        # amx before avx512: its table points at avx512 kernels (static libraries link in order)
+        ("g4_amx", {"sources": sorted(glob("csrc/amx/*.c")), "cflags": BASE + OPT + AMX}),
         ("g4_avx512", {"sources": sorted(glob("csrc/avx512/*.c")), "cflags": BASE + OPT + AVX512}),
     ]
 else:  # non-x86: only the reference table exists; dispatch reports the others as unsupported

@@ -1,6 +1,7 @@
 /* g4_attn.c: KV-cache storage helpers and the whole-layer flash-attention entry over the pool.
  * Compiled with baseline flags (no float arithmetic here beyond f16 conversion); the kernels live
- * in csrc/{ref,avx2,avx512}/attn_*.c and are chosen by the active kernel table's ISA name, so
+ * in csrc/{ref,avx2,avx512}/attn_*.c and are chosen by the active kernel table's ISA name (amx:
+ * avx512's), so
  * gemma4cpu.isa.use(name) switches attention together with the products. */
 #include <stdio.h>
 #include <string.h>
@@ -50,7 +51,8 @@ int g4_kv_store(int kv_type, const float *x, int64_t n, int n_head_kv, int hd, v
 
 const g4_attn_kernels *g4_attn_for(const char *isa) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa && !strcmp(isa, "avx512")) return &g4_attn_avx512;
+    /* the amx table's attention is the avx512 one (no tile code in attention) */
+    if (isa && (!strcmp(isa, "avx512") || !strcmp(isa, "amx"))) return &g4_attn_avx512;
     if (isa && !strcmp(isa, "avx2")) return &g4_attn_avx2;
 #else
     (void)isa;

@@ -16,10 +16,11 @@
 enum {
     F_AVX2 = 1u << 0, F_FMA = 1u << 1, F_F16C = 1u << 2, F_AVX512F = 1u << 3, F_AVX512BW = 1u << 4,
     F_AVX512VL = 1u << 5, F_AVX512DQ = 1u << 6, F_AVX512VNNI = 1u << 7, F_AVX512BF16 = 1u << 8,
-    F_AMX_INT8 = 1u << 9, F_BMI2 = 1u << 10,
+    F_AMX_INT8 = 1u << 9, F_BMI2 = 1u << 10, F_AVX512VBMI = 1u << 11,
 };
 static const char *const feature_names[] = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-                                            "avx512dq", "avx512vnni", "avx512bf16", "amx_int8", "bmi2"};
+                                            "avx512dq", "avx512vnni", "avx512bf16", "amx_int8", "bmi2",
+                                            "avx512vbmi"};
 
 static uint32_t detect_features(void) {
     uint32_t f = 0;
@@ -46,6 +47,7 @@ static uint32_t detect_features(void) {
             if ((b >> 30) & 1) f |= F_AVX512BW;
             if ((b >> 31) & 1) f |= F_AVX512VL;
             if ((c >> 11) & 1) f |= F_AVX512VNNI;
+            if ((c >> 1) & 1) f |= F_AVX512VBMI;
         }
         if (tile_ok && ((d >> 25) & 1)) f |= F_AMX_INT8;
         unsigned a1, b1, c1, d1;
@@ -72,24 +74,46 @@ const char *g4_cpu_feature_name(int bit) {
 /* Tiers (each table's objects are compiled for exactly these features):
  *   avx2:   AVX2 + FMA + F16C + BMI2      Intel Haswell+ / AMD Zen 1+
  *   avx512: F + BW + VL + DQ + VNNI       Intel Ice Lake-SP, Sapphire Rapids+ / AMD Zen 4+
- *           (Skylake-SP has AVX-512 without VNNI: it gets the avx2 table, not a SIGILL) */
+ *           (Skylake-SP has AVX-512 without VNNI: it gets the avx2 table, not a SIGILL)
+ *   amx:    avx512 + VBMI + AMX-INT8, and the OS grants the tile state   Sapphire Rapids+ */
 static const uint32_t isa_needs[G4_ISA_COUNT] = {
     [G4_ISA_REF] = 0,
     [G4_ISA_AVX2] = F_AVX2 | F_FMA | F_F16C | F_BMI2,
     [G4_ISA_AVX512] = F_AVX2 | F_FMA | F_F16C | F_BMI2 | F_AVX512F | F_AVX512BW | F_AVX512VL |
                       F_AVX512DQ | F_AVX512VNNI,
+    [G4_ISA_AMX] = F_AVX2 | F_FMA | F_F16C | F_BMI2 | F_AVX512F | F_AVX512BW | F_AVX512VL |
+                   F_AVX512DQ | F_AVX512VNNI | F_AVX512VBMI | F_AMX_INT8,
 };
+
+/* Linux hands out the AMX tile data state (8 KiB per thread) only to processes that ask for it:
+ * without the permission the first tile instruction raises SIGILL. Asked once per process; the
+ * answer holds for every thread of it. */
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+static int amx_permission(void) {
+    static int state; /* 0 unknown, 1 granted, -1 refused */
+    if (!state) {
+        const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+        state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+    }
+    return state == 1;
+}
+#else
+static int amx_permission(void) { return 0; }
+#endif
 
 int g4_isa_supported(g4_isa isa) {
     if ((int)isa < 0 || isa >= G4_ISA_COUNT) return 0;
 #if !(defined(__x86_64__) || defined(__i386__))
     if (isa != G4_ISA_REF) return 0;
 #endif
-    return (g4_cpu_features() & isa_needs[isa]) == isa_needs[isa];
+    if ((g4_cpu_features() & isa_needs[isa]) != isa_needs[isa]) return 0;
+    return isa != G4_ISA_AMX || amx_permission();
 }
 
 static const g4_kernels *const all_tables[G4_ISA_COUNT] = {&g4_kernels_ref, &g4_kernels_avx2,
-                                                          &g4_kernels_avx512};
+                                                          &g4_kernels_avx512, &g4_kernels_amx};
 
 const g4_kernels *g4_kernels_for(g4_isa isa) {
     return g4_isa_supported(isa) ? all_tables[isa] : NULL;

@@ -43,5 +43,6 @@ G4_DECLARE_ISA(ref)
 extern const g4_kernels g4_kernels_ref;
 extern const g4_kernels g4_kernels_avx2;
 extern const g4_kernels g4_kernels_avx512;
+extern const g4_kernels g4_kernels_amx;
 
 #endif

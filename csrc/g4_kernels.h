@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-typedef enum { G4_ISA_REF = 0, G4_ISA_AVX2 = 1, G4_ISA_AVX512 = 2, G4_ISA_COUNT = 3 } g4_isa;
+typedef enum { G4_ISA_REF = 0, G4_ISA_AVX2 = 1, G4_ISA_AVX512 = 2, G4_ISA_AMX = 3, G4_ISA_COUNT = 4 } g4_isa;
 
 /* Weight types we compute with, numbered as in ggml (GGMLQuantizationType). */
 typedef enum {
@@ -66,7 +66,7 @@ typedef struct {
 } g4_wt_kernels;
 
 typedef struct g4_kernels {
-    const char *isa;                    /* "ref", "avx2", "avx512" */
+    const char *isa;                    /* "ref", "avx2", "avx512", "amx" */
     g4_quant_fn quantize_row_q8_0;      /* k % 32 == 0 */
     g4_quant_fn quantize_row_q8_K;      /* k % 256 == 0 */
     g4_wt_kernels wt[G4_WT_COUNT];
@@ -96,7 +96,7 @@ void g4_set_active(const g4_kernels *k);
 int g4_slot_count(void);
 const char *g4_slot_name(int slot);
 int g4_slot_is_ref(const g4_kernels *k, int slot);
-/* CPU feature bits detected (for reports): avx2 fma f16c avx512f bw vl dq vnni bf16 amx_int8 */
+/* CPU feature bits detected (for reports): avx2 fma f16c avx512f bw vl dq vnni bf16 amx_int8 bmi2 vbmi */
 uint32_t g4_cpu_features(void);
 const char *g4_cpu_feature_name(int bit); /* NULL past the last bit */
 

@@ -3,3 +3,4 @@
 #include "g4_impl.h"
 const g4_kernels g4_kernels_avx2 = {.isa = "avx2"};
 const g4_kernels g4_kernels_avx512 = {.isa = "avx512"};
+const g4_kernels g4_kernels_amx = {.isa = "amx"};

@@ -24,6 +24,7 @@ cdef extern from "g4_kernels.h" nogil:
         G4_ISA_REF
         G4_ISA_AVX2
         G4_ISA_AVX512
+        G4_ISA_AMX
         G4_ISA_COUNT
     ctypedef enum g4_act:
         G4_ACT_F32

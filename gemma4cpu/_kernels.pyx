@@ -10,7 +10,7 @@ from libc.stdlib cimport free, malloc
 
 from gemma4cpu._kernels cimport *
 
-ISA_NAMES = ("ref", "avx2", "avx512")
+ISA_NAMES = ("ref", "avx2", "avx512", "amx")
 # ggml type ids this build computes with
 TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
 

@@ -1,6 +1,6 @@
 """Run-time ISA selection for the C kernels.
 
-At import the table named by GEMMA4CPU_ISA (ref | avx2 | avx512 | auto, default auto) is made
+At import the table named by GEMMA4CPU_ISA (ref | avx2 | avx512 | amx | auto, default auto) is made
 active. Asking for an ISA this CPU (or OS) cannot run is an error, never a silent downgrade.
 """
 from __future__ import annotations

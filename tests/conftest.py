@@ -8,7 +8,7 @@ import pytest
 from gemma4cpu import isa as isa_mod
 from gemma4cpu.ref.quants import act_error_bound, dequant_act, weight_magnitudes  # noqa: F401
 
-ALL_ISAS = ["ref", "avx2", "avx512"]
+ALL_ISAS = ["ref", "avx2", "avx512", "amx"]
 QUANT_TYPES = ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 FLOAT_TYPES = ["F32", "F16", "BF16"]
 ALL_TYPES = FLOAT_TYPES + QUANT_TYPES

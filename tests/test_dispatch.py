@@ -12,6 +12,7 @@ from gemma4cpu import isa
 ALLOWED_FALLBACKS = {
     "avx2": set(),
     "avx512": set(),
+    "amx": set(),
 }
 
 
@@ -22,7 +23,7 @@ def test_ref_always_available_and_auto_picks_best():
         assert isa.active() == av[-1]
 
 
-@pytest.mark.parametrize("name", ["avx2", "avx512"])
+@pytest.mark.parametrize("name", ["avx2", "avx512", "amx"])
 def test_fallbacks_match_allow_list(name):
     if name not in isa.available():
         pytest.skip(f"{name} not runnable here")
@@ -45,7 +46,7 @@ def test_env_override_and_refusal():
 
 
 def test_unsupported_isa_is_refused_not_downgraded():
-    missing = [n for n in ("avx2", "avx512") if n not in isa.available()]
+    missing = [n for n in ("avx2", "avx512", "amx") if n not in isa.available()]
     if not missing:
         pytest.skip("this CPU runs every table; nothing to refuse")
     with pytest.raises(RuntimeError, match="not supported"):
@@ -58,6 +59,8 @@ def test_features_are_consistent_with_available():
         assert {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni"} <= f
     if "avx2" in isa.available():
         assert {"avx2", "fma", "f16c"} <= f
+    if "amx" in isa.available():
+        assert {"amx_int8", "avx512vbmi", "avx512vnni"} <= f and "avx512" in isa.available()
     # the report names every slot
     rep = isa.table_report("ref")
     assert "gemm_q4_K" in rep and all(v == "ref" for v in rep.values())

@@ -1,0 +1,151 @@
+/* gemm_amx.c: Q8_0 x Q8_0 products on AMX-INT8 tiles, n_tok = 1..16, bit-identical to gemm_ref.c
+ * (the integer dot products are exact whatever computes them; the per-block float sequence is the
+ * reference's, in block order, no FMA).
+ *
+ * Tile A is read straight from the GGUF rows (16 rows x the 32 quants of one block, stride = row
+ * bytes: no unpacking), tile B is that block of every token in the VNNI layout (8 rows of 4 bytes
+ * per token), tdpbssd (signed x signed) gives C[row][t] = the block's exact isum for 16 rows and up
+ * to 16 tokens, then acc = acc + (float)isum * (d_w * d_x) runs on 16 (row, token) lanes. The
+ * weights are read once for all tokens and the per-token cost is one vector multiply-add per 16
+ * items, so 2-8 tokens cost about what one does.
+ *
+ * Measured and not kept: the same scheme for Q4_K (nibbles unpacked to a staging buffer, the
+ * activations block-diagonal in B so each C column is one 32-element sub-block). Its exact 6-bit
+ * sub-block scale arithmetic (one vpmulld per (row, sub-block, token)) and the tile traffic cost as
+ * much as the VNNI kernel's whole work: no faster than avx512 at any n on Sapphire Rapids-class
+ * cores, so Q4_K keeps the avx512 kernels. */
+#include "amx.h"
+
+#define AMX_BUF (64 * 1024) /* bytes of prepared activations per chunk */
+#define Q8CMAX 512          /* blocks per chunk at most (Q8_0) */
+
+static void cfg_set(g4_tilecfg *c, int t, int rows, int colsb) {
+    c->rows[t] = (uint8_t)rows;
+    c->colsb[t] = (uint16_t)colsb;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* Q8_0                                                                                         */
+/* ------------------------------------------------------------------------------------------- */
+
+static void q80_amx(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy, int nt,
+                    int64_t k, int64_t r0, int64_t r1) {
+    const int64_t nb = k / QK8_0;
+    const size_t BT = (size_t)8 * nt * 4; /* one block of every token: 8 rows of 4 bytes per token */
+    int KC = (int)(AMX_BUF / BT);
+    if (KC > Q8CMAX) KC = Q8CMAX;
+    if (KC > nb) KC = (int)nb;
+    _Alignas(64) uint8_t bb[AMX_BUF];
+    _Alignas(64) float dxs[Q8CMAX * 16];
+    _Alignas(64) uint8_t ab[16 * 32];
+    _Alignas(64) int32_t cb[2][256];
+    /* item P = r * nt + t lives in lane P % 16 of vector P / 16 */
+    __m512i ridx[16], tidx[16];
+    for (int z = 0; z < nt; z++) {
+        _Alignas(64) int32_t ri[16], ti[16];
+        for (int L = 0; L < 16; L++) { ri[L] = (16 * z + L) / nt; ti[L] = (16 * z + L) % nt; }
+        ridx[z] = _mm512_load_si512(ri);
+        tidx[z] = _mm512_load_si512(ti);
+    }
+    g4_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    cfg_set(&cfg, 0, 16, 32);
+    cfg_set(&cfg, 3, 16, 32);
+    cfg_set(&cfg, 1, 8, nt * 4);
+    cfg_set(&cfg, 4, 8, nt * 4);
+    cfg_set(&cfg, 2, 16, nt * 4);
+    cfg_set(&cfg, 5, 16, nt * 4);
+    g4t_config(&cfg);
+    const int gather_ok = wrb <= (size_t)(1u << 26);
+    for (int64_t c0 = 0; c0 < nb; c0 += KC) {
+        const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
+        for (int b = 0; b < kc; b++)
+            for (int t = 0; t < nt; t++) {
+                const block_q8_0 *xb = (const block_q8_0 *)(x + (size_t)t * xrb) + c0 + b;
+                uint8_t *tile = bb + (size_t)b * BT;
+                for (int kk = 0; kk < 8; kk++) memcpy(tile + (size_t)kk * nt * 4 + (size_t)t * 4, xb->qs + 4 * kk, 4);
+                dxs[(size_t)b * 16 + t] = g4_fp16_to_fp32(xb->d);
+            }
+        for (int64_t rg = r0; rg < r1; rg += 16) {
+            const int nr = (int)(r1 - rg < 16 ? r1 - rg : 16);
+            const uint8_t *base = w + (size_t)rg * wrb + (size_t)c0 * sizeof(block_q8_0);
+            _Alignas(64) int32_t offs[16];
+            for (int i = 0; i < 16; i++) offs[i] = (int32_t)((i < nr ? i : nr - 1) * (int64_t)wrb);
+            const __m512i offv = _mm512_load_si512(offs);
+            __m512 acc[16];
+            for (int z = 0; z < nt; z++) {
+                _Alignas(64) float a[16];
+                for (int L = 0; L < 16; L++) {
+                    const int r = (16 * z + L) / nt, t = (16 * z + L) % nt;
+                    a[L] = (c0 > 0 && r < nr) ? y[(int64_t)t * ldy + rg + r] : 0.0f;
+                }
+                acc[z] = _mm512_load_ps(a);
+            }
+            for (int b = 0; b < kc; b++) {
+                const uint8_t *blk = base + (size_t)b * sizeof(block_q8_0);
+                if ((b & 1) == 0)
+                    for (int i = 0; i < nr; i++) _mm_prefetch((const char *)blk + (size_t)i * wrb + 8 * sizeof(block_q8_0), _MM_HINT_T0);
+                const int s = b & 1;
+                const uint8_t *bt = bb + (size_t)b * BT;
+                const uint8_t *ap = blk + 2;
+                size_t as = wrb;
+                if (nr < 16) {
+                    for (int i = 0; i < 16; i++) memcpy(ab + 32 * i, blk + (size_t)(i < nr ? i : nr - 1) * wrb + 2, 32);
+                    ap = ab;
+                    as = 32;
+                }
+                if (s == 0) {
+                    G4T_LOAD(0, ap, as);
+                    G4T_LOAD(1, bt, nt * 4);
+                    G4T_ZERO(2);
+                    G4T_DPBSSD(2, 0, 1);
+                    G4T_STORE(2, cb[0], nt * 4);
+                } else {
+                    G4T_LOAD(3, ap, as);
+                    G4T_LOAD(4, bt, nt * 4);
+                    G4T_ZERO(5);
+                    G4T_DPBSSD(5, 3, 4);
+                    G4T_STORE(5, cb[1], nt * 4);
+                }
+                __m512i hv;
+                if (gather_ok) hv = _mm512_i32gather_epi32(offv, blk, 1);
+                else {
+                    _Alignas(64) int32_t h[16];
+                    for (int i = 0; i < 16; i++) {
+                        uint16_t v;
+                        memcpy(&v, blk + (size_t)(i < nr ? i : nr - 1) * wrb, 2);
+                        h[i] = v;
+                    }
+                    hv = _mm512_load_si512(h);
+                }
+                const __m512 dw = g4x_half16_to_ps(_mm512_cvtepi32_epi16(hv));
+                const __m512 dx = _mm512_load_ps(dxs + (size_t)b * 16);
+                for (int z = 0; z < nt; z++) {
+                    const __m512 dd = _mm512_mul_ps(_mm512_permutexvar_ps(ridx[z], dw), _mm512_permutexvar_ps(tidx[z], dx));
+                    acc[z] = _mm512_add_ps(acc[z], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[s] + 16 * z)), dd));
+                }
+            }
+            for (int z = 0; z < nt; z++) {
+                _Alignas(64) float a[16];
+                _mm512_store_ps(a, acc[z]);
+                for (int L = 0; L < 16; L++) {
+                    const int r = (16 * z + L) / nt, t = (16 * z + L) % nt;
+                    if (r < nr) y[(int64_t)t * ldy + rg + r] = a[L];
+                }
+            }
+        }
+    }
+    g4t_release();
+}
+
+/* ------------------------------------------------------------------------------------------- */
+/* entry points: up to 16 tokens per call (the pool tiles larger batches)                       */
+/* ------------------------------------------------------------------------------------------- */
+void g4_gemm_q8_0_q8_0_amx(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,
+                           int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {
+    for (int64_t t = 0; t < n_tok; t += 16) {
+        const int nt = (int)(n_tok - t < 16 ? n_tok - t : 16);
+        q80_amx((const uint8_t *)w, wrb, (const uint8_t *)x + (size_t)t * xrb, xrb, y + t * ldy, ldy, nt, k, r0, r1);
+    }
+}
