@@ -19,6 +19,19 @@
 #ifndef G4X_PF
 #define G4X_PF 2
 #endif
+#ifndef G4X_PF_HINT
+#define G4X_PF_HINT _MM_HINT_T0
+#endif
+/* The one-token Q4_K path is a single sequential stream per thread. Prefetching 2 blocks ahead
+ * into L1 overlapped almost nothing (its time was the sum of the memory time and the in-cache
+ * compute time); 64 blocks (9 KiB) ahead into L2 reads ~1.5x faster with two threads streaming
+ * (Sapphire Rapids-class VM, 390 MiB per thread: 10.4 vs 7.0 GB/s per core). */
+#ifndef G4X_GV_PF
+#define G4X_GV_PF 64 /* blocks ahead */
+#endif
+#ifndef G4X_GV_HINT
+#define G4X_GV_HINT _MM_HINT_T1
+#endif
 #ifndef G4X_KTILE
 #define G4X_KTILE 16 /* rows per tile (16..64) */
 #endif
@@ -87,9 +100,9 @@ G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const
             const uint8_t *blk = wrow[i] + (BM ? 0 : (size_t)b * BB);
             const int xbi = BM ? xblk[i] : b;
             if (G4X_PF > 0) {
-                _mm_prefetch((const char *)blk + G4X_PF * BB, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk + G4X_PF * BB + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk + G4X_PF * BB + 128, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + G4X_PF * BB, G4X_PF_HINT);
+                _mm_prefetch((const char *)blk + G4X_PF * BB + 64, G4X_PF_HINT);
+                _mm_prefetch((const char *)blk + G4X_PF * BB + 128, G4X_PF_HINT);
             }
             uint64_t sc8, mn8;
             k_unpack_scales(blk + 4, &sc8, &mn8);
@@ -294,10 +307,10 @@ static void q4k_gemv(const uint8_t *w, size_t wrb, const uint8_t *x, float *y, i
             __m128 accv = _mm_set_ss(c0 > 0 ? y[r] : 0.0f);
             for (int b = 0; b < kc; b++) {
                 const block_q4_K *B = wb + b;
-                if (G4X_PF > 0) {
-                    _mm_prefetch((const char *)(B + G4X_PF), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(B + G4X_PF) + 64, _MM_HINT_T0);
-                    _mm_prefetch((const char *)(B + G4X_PF) + 128, _MM_HINT_T0);
+                if (G4X_GV_PF > 0) {
+                    _mm_prefetch((const char *)(B + G4X_GV_PF), G4X_GV_HINT);
+                    _mm_prefetch((const char *)(B + G4X_GV_PF) + 64, G4X_GV_HINT);
+                    _mm_prefetch((const char *)(B + G4X_GV_PF) + 128, G4X_GV_HINT);
                 }
                 uint64_t sc8, mn8;
                 k_unpack_scales(B->scales, &sc8, &mn8);
