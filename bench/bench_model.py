@@ -236,13 +236,13 @@ class CTimer:
         real = K.matmul
         timed_pool = self._wrap("Pool.matmul", lambda p, *a: p.matmul(*a))
 
-        def matmul(pool, t, w, k, x, out=None, r0=0, r1=None):
+        def matmul(pool, t, w, k, x, out=None, r0=0, r1=None, placement=None):
             tid = K.type_id(t)
             w = K.as_rows(w, tid, k)
             x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float32)
             if out is None:
                 out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
-            timed_pool(pool, tid, w, k, x, out, r0, w.shape[0] if r1 is None else r1)
+            timed_pool(pool, tid, w, k, x, out, r0, w.shape[0] if r1 is None else r1, placement)
             return out
         self._saved.append((K, "matmul", real))
         K.matmul = matmul

@@ -40,10 +40,11 @@ def rmsnorm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     return out
 
 
-def gelu_mul(g: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """gelu_tanh(g) * u for (n, d) float32 arrays, in one C pass (gemma4cpu/_ops.pxi)."""
+def gelu_mul(g: np.ndarray, u: np.ndarray, pool: K.Pool | None = None) -> np.ndarray:
+    """gelu_tanh(g) * u for (n, d) float32 arrays, in one C call (gemma4cpu/_ops.pxi), split over
+    `pool`'s workers when given (same bits: each element is computed on its own)."""
     out = np.empty(g.shape, np.float32)
-    _kernels.gelu_mul(g, u, out)
+    _kernels.gelu_mul(g, u, out, pool)
     return out
 
 
@@ -276,7 +277,7 @@ class Model:
             # depend on which other tokens share the call: the kernels are batch-invariant)
             tok_idx, slot = np.nonzero(top == e)
             gu = self._mm(moe.gate_up[e], np.ascontiguousarray(e_in[tok_idx]))
-            y = self._mm(moe.down[e], gelu_mul(gu[:, :I], gu[:, I:]))
+            y = self._mm(moe.down[e], gelu_mul(gu[:, :I], gu[:, I:], self._pool))
             out[tok_idx] += wt[tok_idx, slot][:, None] * y
         return out
 
@@ -366,13 +367,13 @@ class Model:
             o = self._attention(il, q, pos)
             x = x + rmsnorm(self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps)
             f = rmsnorm(x, lw.ffn_norm, cfg.eps)
-            m = self._mm(lw.ffn_down, gelu_mul(self._mm(lw.ffn_gate, f), self._mm(lw.ffn_up, f)))
+            m = self._mm(lw.ffn_down, gelu_mul(self._mm(lw.ffn_gate, f), self._mm(lw.ffn_up, f), self._pool))
             if lw.moe is not None:
                 m = rmsnorm(m, lw.moe.post_ffw_norm_1, cfg.eps) + rmsnorm(
                     self._moe(lw.moe, x), lw.moe.post_ffw_norm_2, cfg.eps)
             x = x + rmsnorm(m, lw.post_ffw_norm, cfg.eps)
             if lw.ple is not None:
-                g = gelu_mul(self._mm(lw.ple.inp_gate, x), ple[:, il, :])
+                g = gelu_mul(self._mm(lw.ple.inp_gate, x), ple[:, il, :], self._pool)
                 x = x + rmsnorm(self._mm(lw.ple.proj, g), lw.ple.post_norm, cfg.eps)
             if lw.layer_output_scale != 1.0:
                 x = x * np.float32(lw.layer_output_scale)

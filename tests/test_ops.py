@@ -70,3 +70,27 @@ def test_gelu_mul_matches_float64():
     gu = np.concatenate([g, u], axis=1)
     np.testing.assert_array_equal(gelu_mul(gu[:, :300], gu[:, 300:]), y)
     np.testing.assert_array_equal(gelu_mul(g[3:4], u[3:4]), y[3:4])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_gelu_mul_over_the_pool_equals_the_serial_loop(threads):
+    """The pooled GELU (csrc/g4_ops.c, elements split over the workers, 64-byte pieces) gives the
+    serial Cython loop's bits for every element: sizes below and above the one-thread cutoff, a
+    split that falls mid-row, strided halves of a fused gate-up product, a PLE-style 3-D slice, and
+    one row. A worker that skipped or repeated a piece would leave the NaN poison or differ."""
+    from gemma4cpu import kernels as K
+    from gemma4cpu.model import gelu_mul
+    rng = np.random.default_rng(7)
+    pool = K.Pool(threads, None)
+    for n, d in [(1, 640), (3, 1000), (4, 21504), (7, 2049)]:
+        g = (rng.standard_normal((n, d)) * 4).astype(np.float32)
+        u = rng.standard_normal((n, d)).astype(np.float32)
+        serial = gelu_mul(g, u)
+        out = np.full((n, d), np.nan, np.float32)
+        _kernels.gelu_mul(g, u, out, pool)
+        np.testing.assert_array_equal(out.view(np.uint32), serial.view(np.uint32), err_msg=f"{n}x{d}")
+        gu = np.concatenate([g, u], axis=1)
+        np.testing.assert_array_equal(gelu_mul(gu[:, :d], gu[:, d:], pool).view(np.uint32), serial.view(np.uint32))
+    ple = rng.standard_normal((5, 3, 256)).astype(np.float32)
+    g = rng.standard_normal((5, 256)).astype(np.float32)
+    np.testing.assert_array_equal(gelu_mul(g, ple[:, 1, :], pool), gelu_mul(g, ple[:, 1, :]))
