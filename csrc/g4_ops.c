@@ -1,9 +1,87 @@
-/* g4_ops.c: element-wise ops over the pool. Compiled with the extension's baseline flags, like the
- * Cython code these replace, so every element gets the same float sequence (no FMA on baseline
- * x86-64; float ops in float, the outer factors in double as the C literals 0.5 / 1.0 make them). */
+/* g4_ops.c: element-wise ops over the pool, in portable C (compiled with the extension's baseline
+ * flags: no FMA, so every build and every CPU gives the same bits).
+ *
+ * GELU (tanh form) is evaluated as 0.5 x (1 + tanh z) = x / (1 + exp(-2z)), z = c (x + a x^3), with
+ * exp by range reduction and the Cephes polynomial (~1-2 ulp): no libm call per element (glibc
+ * tanhf cost ~15-20 ns an element, 1.7 ms per 31B layer at 4 tokens and 176 ms of a 270M pp512),
+ * in 4-lane SSE2 (baseline x86-64; the tail of a row runs through the same 4-lane code, so a
+ * value never depends on its position). For z very negative exp saturates at exp(88) and the result underflows
+ * towards 0 like the true value; for z large exp(-2z) -> exp(-87) and the result is x. */
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "g4_ops.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+/* exp of 4 lanes, t clamped to [-87, 88]: k = round(t / ln 2) by the 1.5 * 2^23 trick, r = t - k ln 2
+ * in two parts, the Cephes polynomial, times 2^k (k in [-126, 127]) */
+static inline __m128 g4_expf4(__m128 t) {
+    t = _mm_max_ps(_mm_min_ps(t, _mm_set1_ps(88.0f)), _mm_set1_ps(-87.0f));
+    const __m128 M = _mm_set1_ps(12582912.0f);
+    const __m128 kf = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(t, _mm_set1_ps(1.44269504088896341f)), M), M);
+    const __m128 r = _mm_sub_ps(_mm_sub_ps(t, _mm_mul_ps(kf, _mm_set1_ps(0.693359375f))),
+                                _mm_mul_ps(kf, _mm_set1_ps(-2.12194440e-4f)));
+    __m128 p = _mm_set1_ps(1.9875691500e-4f);
+    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.3981999507e-3f));
+    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(8.3334519073e-3f));
+    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(4.1665795894e-2f));
+    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.6666665459e-1f));
+    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(5.0000001201e-1f));
+    p = _mm_add_ps(_mm_add_ps(_mm_mul_ps(p, _mm_mul_ps(r, r)), r), _mm_set1_ps(1.0f));
+    const __m128i k = _mm_cvtps_epi32(kf); /* kf is an integer: exact */
+    return _mm_mul_ps(p, _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(k, _mm_set1_epi32(127)), 23)));
+}
+
+static inline __m128 g4_gelu_mul4(__m128 x, __m128 u) {
+    const __m128 z = _mm_mul_ps(_mm_set1_ps(0.7978845608028654f),
+                                _mm_add_ps(x, _mm_mul_ps(_mm_mul_ps(_mm_mul_ps(_mm_set1_ps(0.044715f), x), x), x)));
+    const __m128 e = g4_expf4(_mm_mul_ps(_mm_set1_ps(-2.0f), z));
+    return _mm_mul_ps(_mm_div_ps(x, _mm_add_ps(_mm_set1_ps(1.0f), e)), u);
+}
+
+/* one row piece: out[j] = gelu_tanh(g[j]) * u[j]; the tail goes through the same 4-lane code */
+void g4_gelu_mul_row(const float *g, const float *u, float *o, int64_t n) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) _mm_storeu_ps(o + j, g4_gelu_mul4(_mm_loadu_ps(g + j), _mm_loadu_ps(u + j)));
+    if (j < n) {
+        float gb[4] = {0}, ub[4] = {0}, ob[4];
+        memcpy(gb, g + j, (size_t)(n - j) * 4);
+        memcpy(ub, u + j, (size_t)(n - j) * 4);
+        _mm_storeu_ps(ob, g4_gelu_mul4(_mm_loadu_ps(gb), _mm_loadu_ps(ub)));
+        memcpy(o + j, ob, (size_t)(n - j) * 4);
+    }
+}
+#else
+static inline float g4_expf_poly(float t) {
+    t = t < 88.0f ? t : 88.0f;
+    t = t > -87.0f ? t : -87.0f;
+    const float kf = (t * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = (t - kf * 0.693359375f) - kf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = (p * (r * r) + r) + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)kf + 127) << 23;
+    float s;
+    memcpy(&s, &bits, 4);
+    return p * s;
+}
+
+void g4_gelu_mul_row(const float *g, const float *u, float *o, int64_t n) {
+    const float cc = 0.7978845608028654f, ca = 0.044715f;
+    for (int64_t j = 0; j < n; j++) {
+        const float x = g[j];
+        const float z = cc * (x + ((ca * x) * x) * x);
+        o[j] = (x / (1.0f + g4_expf_poly(-2.0f * z))) * u[j];
+    }
+}
+#endif
 
 typedef struct {
     const float *g, *u;
@@ -17,16 +95,10 @@ static void gelu_task(void *vctx, int ith, int nth) {
     int64_t per = (total + nth - 1) / nth;
     per = (per + 15) & ~(int64_t)15; /* 64-byte pieces of out per worker (no false sharing within a row) */
     const int64_t a = per * ith, b = a + per < total ? a + per : total;
-    const float cc = 0.7978845608028654f, ca = 0.044715f;
     for (int64_t e = a; e < b;) {
         const int64_t i = e / c->d, j0 = e % c->d;
         const int64_t j1 = c->d < j0 + (b - e) ? c->d : j0 + (b - e);
-        const float *g = c->g + i * c->ldg, *u = c->u + i * c->ldu;
-        float *o = c->out + i * c->ldo;
-        for (int64_t j = j0; j < j1; j++) {
-            const float x = g[j];
-            o[j] = (float)(((0.5 * x) * (1.0 + tanhf(cc * (x + ((ca * x) * x) * x)))) * u[j]);
-        }
+        g4_gelu_mul_row(c->g + i * c->ldg + j0, c->u + i * c->ldu + j0, c->out + i * c->ldo + j0, j1 - j0);
         e += j1 - j0;
     }
 }
@@ -34,6 +106,6 @@ static void gelu_task(void *vctx, int ith, int nth) {
 void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
                  int64_t ldo, int64_t n, int64_t d) {
     gelu_ctx c = {g, u, out, ldg, ldu, ldo, n, d};
-    if (n * d < 4096 || g4_pool_size(pool) == 1) gelu_task(&c, 0, 1);
+    if (!pool || n * d < 4096 || g4_pool_size(pool) == 1) gelu_task(&c, 0, 1);
     else g4_pool_run(pool, gelu_task, &c);
 }

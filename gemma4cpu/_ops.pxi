@@ -34,38 +34,38 @@ def rmsnorm_rows(const float[:, ::1] x, w, double eps, float[:, ::1] out):
                     out[i, j] = x[i, j] * s
 
 
-cdef extern from "<math.h>" nogil:
-    float tanhf(float)
-
-
 cdef extern from "g4_ops.h" nogil:
     void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
                      int64_t ldo, int64_t n, int64_t d)
 
 
-def gelu_mul(const float[:, :] g, const float[:, :] u, float[:, ::1] out, Pool pool=None):
-    """out = gelu_tanh(g) * u elementwise in float32 (the gated MLP): 0.5 g (1 + tanh(c (g + 0.044715 g^3))) u,
-    c = sqrt(2/pi). g and u may be strided views (the two halves of a fused gate-up product).
-    With a pool (and contiguous columns) the elements are split over its workers (csrc/g4_ops.c);
-    each element is computed by the same expression either way, so the bits are the same."""
-    cdef Py_ssize_t n = g.shape[0], d = g.shape[1], i, j
-    if u.shape[0] != n or u.shape[1] != d or out.shape[0] != n or out.shape[1] != d:
-        raise ValueError(f"gelu_mul: g ({n}, {d}), u ({u.shape[0]}, {u.shape[1]}) and out "
+def gelu_mul(g, u, float[:, ::1] out, Pool pool=None):
+    """out = gelu_tanh(g) * u elementwise in float32 (the gated MLP), 0.5 g (1 + tanh(c (g + 0.044715 g^3))) u
+    with c = sqrt(2/pi), evaluated as g / (1 + exp(-2 c (g + 0.044715 g^3))) * u (csrc/g4_ops.c: no
+    libm call per element). g and u are float32 (n, d) arrays, possibly strided views (the two
+    halves of a fused gate-up product; columns that are not contiguous are copied first). With a
+    pool the elements are split over its workers; each element is computed on its own by one
+    expression, so the bits do not depend on the pool or the split."""
+    cdef const float[:, :] gv = g
+    cdef const float[:, :] uv = u
+    cdef Py_ssize_t n = gv.shape[0], d = gv.shape[1]
+    if uv.shape[0] != n or uv.shape[1] != d or out.shape[0] != n or out.shape[1] != d:
+        raise ValueError(f"gelu_mul: g ({n}, {d}), u ({uv.shape[0]}, {uv.shape[1]}) and out "
                          f"({out.shape[0]}, {out.shape[1]}) must have one shape")
-    cdef float c = 0.7978845608028654, a = 0.044715, x
-    cdef g4_pool *p
     if n == 0 or d == 0:
         return
-    if pool is not None and g.strides[1] == 4 and u.strides[1] == 4 and g.strides[0] % 4 == 0 \
-            and u.strides[0] % 4 == 0:
+    if gv.strides[1] != 4 or gv.strides[0] % 4:
+        gv = np.ascontiguousarray(g, dtype=np.float32)
+    if uv.strides[1] != 4 or uv.strides[0] % 4:
+        uv = np.ascontiguousarray(u, dtype=np.float32)
+    cdef g4_pool *p = NULL
+    if pool is not None:
         p = pool._get()
         with pool.lock:
             with nogil:
-                g4_gelu_mul(p, &g[0, 0], g.strides[0] // 4, &u[0, 0], u.strides[0] // 4, &out[0, 0],
+                g4_gelu_mul(p, &gv[0, 0], gv.strides[0] // 4, &uv[0, 0], uv.strides[0] // 4, &out[0, 0],
                             out.shape[1], n, d)
-        return
-    with nogil:
-        for i in range(n):
-            for j in range(d):
-                x = g[i, j]
-                out[i, j] = (0.5 * x * (1.0 + tanhf(c * (x + a * x * x * x)))) * u[i, j]
+    else:
+        with nogil:
+            g4_gelu_mul(NULL, &gv[0, 0], gv.strides[0] // 4, &uv[0, 0], uv.strides[0] // 4, &out[0, 0],
+                        out.shape[1], n, d)
