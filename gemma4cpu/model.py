@@ -1,8 +1,8 @@
 """Gemma 3 / Gemma 4 (dense) forward pass over the C kernels (spec section 2).
 
 Matrix products go through one pool call each (gemma4cpu.kernels.matmul); the small per-token
-vector work is per-row Cython (RMSNorm, the gated GELU; gemma4cpu/_ops.pxi) and numpy (RoPE,
-residuals). Attention is one C flash-attention call per layer
+vector work is per-row Cython (RMSNorm; gemma4cpu/_ops.pxi), C over the pool (the gated GELU;
+csrc/g4_ops.c) and numpy (RoPE, residuals). Attention is one C flash-attention call per layer
 over the KV cache (gemma4cpu.kv_cache: f16 by default, f32/q8_0/q4_0 as options, sliding layers
 in a ring that allows rolling back rejected drafts). A call with more tokens than `max_batch` runs
 through the whole network in chunks of `max_batch` (prefill); every kernel is batch-invariant, so
