@@ -76,13 +76,16 @@ const char *g4_cpu_feature_name(int bit) {
  *   avx512: F + BW + VL + DQ + VNNI       Intel Ice Lake-SP, Sapphire Rapids+ / AMD Zen 4+
  *           (Skylake-SP has AVX-512 without VNNI: it gets the avx2 table, not a SIGILL)
  *   amx:    avx512 + VBMI + AMX-INT8, and the OS grants the tile state   Sapphire Rapids+ */
+enum {
+    NEEDS_AVX2 = F_AVX2 | F_FMA | F_F16C | F_BMI2,
+    NEEDS_AVX512 = NEEDS_AVX2 | F_AVX512F | F_AVX512BW | F_AVX512VL | F_AVX512DQ | F_AVX512VNNI,
+    NEEDS_AMX = NEEDS_AVX512 | F_AVX512VBMI | F_AMX_INT8,
+};
 static const uint32_t isa_needs[G4_ISA_COUNT] = {
     [G4_ISA_REF] = 0,
-    [G4_ISA_AVX2] = F_AVX2 | F_FMA | F_F16C | F_BMI2,
-    [G4_ISA_AVX512] = F_AVX2 | F_FMA | F_F16C | F_BMI2 | F_AVX512F | F_AVX512BW | F_AVX512VL |
-                      F_AVX512DQ | F_AVX512VNNI,
-    [G4_ISA_AMX] = F_AVX2 | F_FMA | F_F16C | F_BMI2 | F_AVX512F | F_AVX512BW | F_AVX512VL |
-                   F_AVX512DQ | F_AVX512VNNI | F_AVX512VBMI | F_AMX_INT8,
+    [G4_ISA_AVX2] = NEEDS_AVX2,
+    [G4_ISA_AVX512] = NEEDS_AVX512,
+    [G4_ISA_AMX] = NEEDS_AMX,
 };
 
 /* Linux hands out the AMX tile data state (8 KiB per thread) only to processes that ask for it:

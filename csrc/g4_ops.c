@@ -7,7 +7,6 @@
  * in 4-lane SSE2 (baseline x86-64; the tail of a row runs through the same 4-lane code, so a
  * value never depends on its position). For z very negative exp saturates at exp(88) and the result underflows
  * towards 0 like the true value; for z large exp(-2z) -> exp(-87) and the result is x. */
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 

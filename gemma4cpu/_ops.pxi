@@ -1,6 +1,7 @@
-# Small per-row vector operations of the forward pass (included by _kernels.pyx). They run on the
-# calling thread with the GIL released; each row is computed on its own, in a fixed order, so a
-# row's result never depends on how many rows share the call (batch invariance).
+# Small per-row vector operations of the forward pass (included by _kernels.pyx). They run with the
+# GIL released, on the calling thread (rmsnorm) or over a pool (gelu_mul, csrc/g4_ops.c); each row
+# or element is computed on its own, in a fixed order, so a result never depends on how many rows
+# share the call (batch invariance).
 from libc.math cimport sqrt
 
 

@@ -19,9 +19,6 @@
 #ifndef G4X_PF
 #define G4X_PF 2
 #endif
-#ifndef G4X_PF_HINT
-#define G4X_PF_HINT _MM_HINT_T0
-#endif
 /* The one-token Q4_K path is a single sequential stream per thread. Prefetching 2 blocks ahead
  * into L1 overlapped almost nothing (its time was the sum of the memory time and the in-cache
  * compute time); 64 blocks (9 KiB) ahead into L2 reads ~1.5x faster with two threads streaming
@@ -100,9 +97,9 @@ G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const
             const uint8_t *blk = wrow[i] + (BM ? 0 : (size_t)b * BB);
             const int xbi = BM ? xblk[i] : b;
             if (G4X_PF > 0) {
-                _mm_prefetch((const char *)blk + G4X_PF * BB, G4X_PF_HINT);
-                _mm_prefetch((const char *)blk + G4X_PF * BB + 64, G4X_PF_HINT);
-                _mm_prefetch((const char *)blk + G4X_PF * BB + 128, G4X_PF_HINT);
+                _mm_prefetch((const char *)blk + G4X_PF * BB, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + G4X_PF * BB + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + G4X_PF * BB + 128, _MM_HINT_T0);
             }
             uint64_t sc8, mn8;
             k_unpack_scales(blk + 4, &sc8, &mn8);

@@ -2,21 +2,4 @@
  * functions are fallbacks that g4_slot_is_ref reports and tests/test_dispatch.py allow-lists. */
 #include "avx512.h"
 
-#define G4_WT(DQ, GEMM) {(g4_dequant_fn)(DQ), (g4_gemm_fn)(GEMM)}
-
-const g4_kernels g4_kernels_avx512 = {
-    .isa = "avx512",
-    .quantize_row_q8_0 = g4_quantize_row_q8_0_avx512,
-    .quantize_row_q8_K = g4_quantize_row_q8_K_avx512,
-    .wt = {
-        [G4_WT_F32] = G4_WT(g4_dequant_row_f32_avx512, g4_gemm_f32_f32_avx512),
-        [G4_WT_F16] = G4_WT(g4_dequant_row_f16_avx512, g4_gemm_f16_f32_avx512),
-        [G4_WT_BF16] = G4_WT(g4_dequant_row_bf16_avx512, g4_gemm_bf16_f32_avx512),
-        [G4_WT_Q4_0] = G4_WT(g4_dequant_row_q4_0_avx512, g4_gemm_q4_0_q8_0_avx512),
-        [G4_WT_Q5_0] = G4_WT(g4_dequant_row_q5_0_avx512, g4_gemm_q5_0_q8_0_avx512),
-        [G4_WT_Q8_0] = G4_WT(g4_dequant_row_q8_0_avx512, g4_gemm_q8_0_q8_0_avx512),
-        [G4_WT_Q4_K] = G4_WT(g4_dequant_row_q4_K_avx512, g4_gemm_q4_K_q8_K_avx512),
-        [G4_WT_Q5_K] = G4_WT(g4_dequant_row_q5_K_avx512, g4_gemm_q5_K_q8_K_avx512),
-        [G4_WT_Q6_K] = G4_WT(g4_dequant_row_q6_K_avx512, g4_gemm_q6_K_q8_K_avx512),
-    },
-};
+const g4_kernels g4_kernels_avx512 = G4_AVX512_FAMILY_TABLE("avx512", g4_gemm_q8_0_q8_0_avx512);
