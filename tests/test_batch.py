@@ -117,9 +117,9 @@ def _cli(*args, **kw):
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_kill_then_rerun_gives_one_line_per_input(eng, tmp_path):
-    """Two worker processes; kill -9 the runner as soon as the first record is on disk, then rerun:
-    exactly one record per line, in order, none twice, each equal to a single generate call."""
+def _start_until_first_record(tmp_path):
+    """Start the batch CLI (two workers) on PROMPTS and return (args, out, process) as soon as its
+    first record is on disk, the process still running."""
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(inp, [json.dumps({"prompt": p}) for p in PROMPTS])
     args = [str(inp), "-o", str(out), "-n", "12", "--workers", "2", "--no-progress", "--no-fsync"]
@@ -130,14 +130,20 @@ def test_kill_then_rerun_gives_one_line_per_input(eng, tmp_path):
             break
         time.sleep(0.05)
     assert p.poll() is None, p.communicate()
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    p.stdout.close()
-    p.stderr.close()
-    pending = str(out) + ".pending"               # a record drained from .pending into out is in both
-    n_before = len({r["line"] for r in batch._read_records(str(out), False)
-                    + (batch._read_records(pending, False) if os.path.exists(pending) else [])})
-    assert 1 <= n_before < len(PROMPTS)
+    return args, out, p
+
+
+def _done_records(out):
+    """The records an interrupted run left in OUTPUT and OUTPUT.pending."""
+    pending = str(out) + ".pending"
+    return batch._read_records(str(out), False) + (batch._read_records(pending, False)
+                                                   if os.path.exists(pending) else [])
+
+
+def _rerun_and_check(eng, args, out, n_before):
+    """Rerun the same command after an interrupted run that finished n_before lines: it skips those,
+    and the output ends with exactly one record per line, in order, none twice, no .pending left,
+    each equal to a single generate call. Returns the records."""
     r = _cli(*args)
     _, err = r.communicate(timeout=300)
     assert r.returncode == 0, err
@@ -145,25 +151,30 @@ def test_kill_then_rerun_gives_one_line_per_input(eng, tmp_path):
     recs = _records(out)
     assert [x["line"] for x in recs] == list(range(1, len(PROMPTS) + 1))
     assert not os.path.exists(str(out) + ".pending")
-    assert {x["worker"] for x in recs} <= {0, 1}
     for x, prompt in zip(recs, PROMPTS):
         assert x["error"] is None and x["tokens"] == eng.generate(prompt, max_tokens=12).tokens
+    return recs
+
+
+def test_kill_then_rerun_gives_one_line_per_input(eng, tmp_path):
+    """Two worker processes; kill -9 the runner as soon as the first record is on disk, then rerun:
+    exactly one record per line, in order, none twice, each equal to a single generate call."""
+    args, out, p = _start_until_first_record(tmp_path)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    p.stdout.close()
+    p.stderr.close()
+    n_before = len({r["line"] for r in _done_records(out)})  # a record drained from .pending is in both
+    assert 1 <= n_before < len(PROMPTS)
+    recs = _rerun_and_check(eng, args, out, n_before)
+    assert {x["worker"] for x in recs} <= {0, 1}
 
 
 def test_sigterm_then_rerun_gives_one_line_per_input(eng, tmp_path):
     """As the kill -9 test, with SIGTERM (the runner's on_term handler): the run stops its workers,
     says it was interrupted (exit 130), leaves only whole records, and a rerun finishes with exactly
     one record per line, in order, none twice, each equal to a single generate call."""
-    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    _write(inp, [json.dumps({"prompt": p}) for p in PROMPTS])
-    args = [str(inp), "-o", str(out), "-n", "12", "--workers", "2", "--no-progress", "--no-fsync"]
-    p = _cli(*args)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and p.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= 1:
-            break
-        time.sleep(0.05)
-    assert p.poll() is None, p.communicate()
+    args, out, p = _start_until_first_record(tmp_path)
     os.kill(p.pid, signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "interrupted: rerun the same command" in err, err[-2000:]
@@ -172,20 +183,11 @@ def test_sigterm_then_rerun_gives_one_line_per_input(eng, tmp_path):
         if os.path.exists(f):
             data = Path(f).read_bytes()
             assert not data or data.endswith(b"\n"), f"{f} ends in a torn line"
-    done = batch._read_records(str(out), False) + (batch._read_records(pending, False)
-                                                    if os.path.exists(pending) else [])
+    done = _done_records(out)
     n_before = len({r["line"] for r in done})
     assert 1 <= n_before < len(PROMPTS)
     assert all(r["error"] is None for r in done)        # nothing in flight was written as a failure
-    r = _cli(*args)
-    _, err = r.communicate(timeout=300)
-    assert r.returncode == 0, err
-    assert f"{n_before} skipped" in err
-    recs = _records(out)
-    assert [x["line"] for x in recs] == list(range(1, len(PROMPTS) + 1))
-    assert not os.path.exists(pending)
-    for x, prompt in zip(recs, PROMPTS):
-        assert x["error"] is None and x["tokens"] == eng.generate(prompt, max_tokens=12).tokens
+    _rerun_and_check(eng, args, out, n_before)
 
 
 class _TTY(io.StringIO):
