@@ -132,8 +132,9 @@ def test_prefill_tiles_equal_single_token(isa, rng, t, n_tok):
 
 @pytest.mark.parametrize("t", ALL_TYPES)
 @pytest.mark.parametrize("r0,r1", [(0, 0), (3, 7), (0, 1), (16, 33), (32, 33), (5, 40)])
-def test_partial_row_ranges_write_only_their_rows(isa, rng, t, r0, r1):
-    k, n_rows, n_tok = 256 if _k_ok(t, 256) else 256, 40, 3
+@pytest.mark.parametrize("n_tok", [3, 9])  # 9: the amx Q4_K tile path, with two token groups
+def test_partial_row_ranges_write_only_their_rows(isa, rng, t, r0, r1, n_tok):
+    k, n_rows = 256, 40
     w = random_rows(t, n_rows, k, rng)
     x = rng.standard_normal((n_tok, k)).astype(np.float32)
     y = np.full((n_tok, n_rows), np.nan, np.float32)
@@ -265,3 +266,31 @@ def test_activation_byte_minus_128_equals_reference(isa, rng, t):
         with isa_mod.use("ref"):
             yr = K.gemm_rows(t, w, k, xa, np.full((6, n_rows), np.nan, np.float32))
         np.testing.assert_array_equal(y.view(np.uint32), yr.view(np.uint32))
+
+
+@pytest.mark.parametrize("n_tok", [2, 6, 8, 9, 16])
+def test_q4k_any_bsums_equal_reference(isa, rng, n_tok):
+    """Kernels take Q8_K bytes from callers, so the bsums need not be the sums the quantiser writes
+    (those stay within +-4096 per 32 elements). The amx Q4_K tile path splits each 32-element bsum
+    as 128*hi + lo (hi a signed byte), which holds for -16384 <= bsum32 <= 16383, and hands any call
+    beyond that to the avx512 kernel. Both edges of the split (tile path), one past the top and a
+    pair summing to 32000 (fallback; the avx2 batch path keeps bsum32 in int16, so the contract
+    stops there), against the scalar reference and the single-token results, bit for bit."""
+    t, k, n_rows = "Q4_K", 1024, 19
+    w = random_rows(t, n_rows, k, rng)
+    x = rng.standard_normal((n_tok, k)).astype(np.float32)
+    base = np.array(_act(t, x)[0], copy=True)
+    for pairs in (((8192, 8191), (-8192, -8192)), ((8192, 8192),), ((16000, 16000), (-16000, -16000))):
+        xa = base.copy()
+        bs = xa.reshape(n_tok, -1, 292)[..., 260:292].view(np.int16)  # (n_tok, blocks, 16)
+        for i, (a, b) in enumerate(pairs):
+            tok, blk, j = (i * 5) % n_tok, (i * 3) % bs.shape[1], (2 * i + 1) % 8
+            bs[tok, blk, 2 * j], bs[tok, blk, 2 * j + 1] = a, b
+        y = K.gemm_rows(t, w, k, xa, np.full((n_tok, n_rows), np.nan, np.float32))
+        single = np.stack([K.gemm_rows(t, w, k, xa[i:i + 1], np.empty((1, n_rows), np.float32))[0]
+                           for i in range(n_tok)])
+        np.testing.assert_array_equal(y.view(np.uint32), single.view(np.uint32), err_msg=str(pairs))
+        if isa != "ref":
+            with isa_mod.use("ref"):
+                yr = K.gemm_rows(t, w, k, xa, np.full((n_tok, n_rows), np.nan, np.float32))
+            np.testing.assert_array_equal(y.view(np.uint32), yr.view(np.uint32), err_msg=str(pairs))

@@ -9,11 +9,9 @@
  * weights are read once for all tokens and the per-token cost is one vector multiply-add per 16
  * items, so 2-8 tokens cost about what one does.
  *
- * Measured and not kept: the same scheme for Q4_K (nibbles unpacked to a staging buffer, the
- * activations block-diagonal in B so each C column is one 32-element sub-block). Its exact 6-bit
- * sub-block scale arithmetic (one vpmulld per (row, sub-block, token)) and the tile traffic cost as
- * much as the VNNI kernel's whole work: no faster than avx512 at any n on Sapphire Rapids-class
- * cores, so Q4_K keeps the avx512 kernels. */
+ * Q4_K has its own tile kernel (gemm_q4k_amx.c). An earlier one, with each C column one sub-block
+ * of one token and the scales applied by vpmulld per (row, sub-block, token), was no faster than
+ * avx512 at any n and was dropped. */
 #include "amx.h"
 
 #define AMX_BUF (64 * 1024) /* bytes of prepared activations per chunk */

@@ -16,18 +16,14 @@
 
 #define XS 320                   /* buffer bytes per (block, token): 256 permuted qs + 64 bsums */
 #define XBUF (112 * 1024)        /* stack budget for the permuted activations of one chunk */
+/* Prefetch, per row of a group: the same block of the same row in the next row tile (G4X_KTILE rows,
+ * ~48 KiB ahead at k = 5376) into L2, and one block ahead in this row into L1. A/B in one process,
+ * two threads each streaming 1 GiB (Sapphire Rapids-class VM), against 2 blocks ahead into L1 only:
+ * n = 1 / 2 / 4 / 8 / 16: 90.6 / 94.2 / 105.8 / 159.1 / 291.3 ms vs 101.0 / 116.0 / 125.6 / 198.6 /
+ * 360.9. One token takes this path too (R = 16 rows x 1 token): 76.3 vs 82.0 ms for the former
+ * one-row-at-a-time GEMV with 64 blocks of in-row prefetch, and 15.2 vs 16.8 cycles per block in L2. */
 #ifndef G4X_PF
-#define G4X_PF 2
-#endif
-/* The one-token Q4_K path is a single sequential stream per thread. Prefetching 2 blocks ahead
- * into L1 overlapped almost nothing (its time was the sum of the memory time and the in-cache
- * compute time); 64 blocks (9 KiB) ahead into L2 reads ~1.5x faster with two threads streaming
- * (Sapphire Rapids-class VM, 390 MiB per thread: 10.4 vs 7.0 GB/s per core). */
-#ifndef G4X_GV_PF
-#define G4X_GV_PF 64 /* blocks ahead */
-#endif
-#ifndef G4X_GV_HINT
-#define G4X_GV_HINT _MM_HINT_T1
+#define G4X_PF 1 /* blocks ahead in the row, into L1 */
 #endif
 #ifndef G4X_KTILE
 #define G4X_KTILE 16 /* rows per tile (16..64) */
@@ -71,7 +67,7 @@ G4_AI void k_unpack_scales(const uint8_t *s12, uint64_t *sc8, uint64_t *mn8) {
 /* One group of R = 16/NT rows x NT tokens over blocks [0, kc) of the chunk. Q5 selects Q5_K. */
 G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const uint8_t *xp, const float *dx,
                    const int b, __m512 *accp, const __m512i rowidx, const __m512i tokidx, const int BM,
-                   const int *xblk) {
+                   const int *xblk, const size_t pfrow) {
     /* BM (block mode): the R "rows" are R consecutive blocks of one weight row (xblk[i] = the
      * activation block of item row i), and *accp receives the 16 per-item terms instead of a sum. */
     const int R = 16 / NT, NI = R * NT;
@@ -96,6 +92,12 @@ G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const
         for (int i = 0; i < R; i++) {
             const uint8_t *blk = wrow[i] + (BM ? 0 : (size_t)b * BB);
             const int xbi = BM ? xblk[i] : b;
+            if (!BM) { /* may point past the matrix: prefetches do not fault */
+                const char *nx = (const char *)blk + pfrow;
+                _mm_prefetch(nx, _MM_HINT_T1);
+                _mm_prefetch(nx + 64, _MM_HINT_T1);
+                _mm_prefetch(nx + 128, _MM_HINT_T1);
+            }
             if (G4X_PF > 0) {
                 _mm_prefetch((const char *)blk + G4X_PF * BB, _MM_HINT_T0);
                 _mm_prefetch((const char *)blk + G4X_PF * BB + 64, _MM_HINT_T0);
@@ -225,7 +227,7 @@ G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, cons
                         wb[i] = wr + (size_t)xblk[i] * BB;
                     }
                     __m512 tv;
-                    k_block(NT, Q5, wb, xp, dx, 0, &tv, rowidx, tokidx, 1, xblk);
+                    k_block(NT, Q5, wb, xp, dx, 0, &tv, rowidx, tokidx, 1, xblk, 0);
                     _Alignas(64) float a[16];
                     _mm512_store_ps(a, tv);
                     for (int i = 0; i < cnt; i++)
@@ -248,98 +250,9 @@ G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, cons
                 acc[g] = g4x_items_load(y, ldy, r, nr, c0, valid, rowof, tokof);
             }
             for (int b = 0; b < kc; b++)
-                for (int g = 0; g < ng; g++) k_block(NT, Q5, wrow[g], xp, dx, b, &acc[g], rowidx, tokidx, 0, NULL);
+                for (int g = 0; g < ng; g++) k_block(NT, Q5, wrow[g], xp, dx, b, &acc[g], rowidx, tokidx, 0, NULL, (size_t)G * R * wrb);
             for (int g = 0; g < ng; g++)
                 g4x_items_store(y, ldy, rt + (int64_t)g * R, nrs[g], acc[g], valid, rowof, tokof);
-        }
-    }
-}
-
-/* ---- Q4_K, one token: one weight row at a time (one memory stream per thread), no merge tree.
- * The activations of a chunk are copied once per call in nibble order: vector 2c holds elements
- * [64*2c .. +31 | 64*(2c+1) .. +31] and vector 2c+1 the high halves of those 64-element chunks, so
- * that the low / high nibbles of weight bytes 64c..64c+63 meet their activations lane for lane. Per
- * block: 4 vpdpbusd (int32 lanes of 4 products, each lane within one 32-element sub-block, < 2^13),
- * vpackssdw + vpmaddwd apply the sub-block scales exactly, vpmaddwd of the bsums the mins; S and M
- * are reduced together, then acc = acc + ((d*d8)*(float)S - (dmin*d8)*(float)M) as in the reference. */
-#define GV_BUF (64 * 1024) /* bytes of prepared activations per chunk (256 per block) */
-
-G4_AI void gv_prepare(const block_q8_K *xb, int kc, uint8_t *xp) {
-    for (int b = 0; b < kc; b++) {
-        const int8_t *q = xb[b].qs;
-        uint8_t *d = xp + (size_t)b * 256;
-        for (int c = 0; c < 2; c++) {
-            const int8_t *e = q + 128 * c; /* elements of chunks 2c (e[0..63]) and 2c+1 (e[64..127]) */
-            memcpy(d + 128 * c, e, 32);           /* low nibbles of bytes 64c..64c+31: elems 0..31 of chunk 2c */
-            memcpy(d + 128 * c + 32, e + 64, 32); /* low nibbles of bytes 64c+32..: elems 0..31 of chunk 2c+1 */
-            memcpy(d + 128 * c + 64, e + 32, 32); /* high nibbles: elems 32..63 of chunk 2c */
-            memcpy(d + 128 * c + 96, e + 96, 32); /* high nibbles: elems 32..63 of chunk 2c+1 */
-        }
-    }
-}
-
-static void q4k_gemv(const uint8_t *w, size_t wrb, const uint8_t *x, float *y, int64_t k, int64_t r0, int64_t r1) {
-    const int64_t nb = k / QK_K;
-    const int KC = GV_BUF / 256;
-    _Alignas(64) uint8_t xp[GV_BUF];
-    const block_q8_K *xb = (const block_q8_K *)x;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    /* Scale vectors. For weight bytes 64c..64c+63, D_lo (low nibbles) has lanes 0-7 in sub-block 4c
-     * and lanes 8-15 in 4c+2, D_hi the same for 4c+1 / 4c+3. packs(D_lo, D_hi) puts, in 128-bit lane
-     * q, 4 lanes of D_lo then 4 of D_hi, i.e. int16 words [s(4c + 2(q/2)) x4, s(4c + 2(q/2) + 1) x4]:
-     * pat0 / pat1 pick those bytes of sc8 (8 scales) for c = 0 / 1 (zero high bytes). */
-    const __m512i pat0 = _mm512_set_epi8(-1, 3, -1, 3, -1, 3, -1, 3, -1, 2, -1, 2, -1, 2, -1, 2,
-                                         -1, 3, -1, 3, -1, 3, -1, 3, -1, 2, -1, 2, -1, 2, -1, 2,
-                                         -1, 1, -1, 1, -1, 1, -1, 1, -1, 0, -1, 0, -1, 0, -1, 0,
-                                         -1, 1, -1, 1, -1, 1, -1, 1, -1, 0, -1, 0, -1, 0, -1, 0);
-    const __m512i pat1 = _mm512_add_epi8(pat0, _mm512_maskz_set1_epi8(0x5555555555555555ull, 4));
-    /* mins: bsums int16 (2j, 2j+1) pair with m_j: 16 int16 lanes of m_{i/2} */
-    const __m256i mpat = _mm256_set_epi8(-1, 7, -1, 7, -1, 6, -1, 6, -1, 5, -1, 5, -1, 4, -1, 4,
-                                         -1, 3, -1, 3, -1, 2, -1, 2, -1, 1, -1, 1, -1, 0, -1, 0);
-    for (int64_t c0 = 0; c0 < nb; c0 += KC) {
-        const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
-        gv_prepare(xb + c0, kc, xp);
-        for (int64_t r = r0; r < r1; r++) {
-            const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * wrb) + c0;
-            __m128 accv = _mm_set_ss(c0 > 0 ? y[r] : 0.0f);
-            for (int b = 0; b < kc; b++) {
-                const block_q4_K *B = wb + b;
-                if (G4X_GV_PF > 0) {
-                    _mm_prefetch((const char *)(B + G4X_GV_PF), G4X_GV_HINT);
-                    _mm_prefetch((const char *)(B + G4X_GV_PF) + 64, G4X_GV_HINT);
-                    _mm_prefetch((const char *)(B + G4X_GV_PF) + 128, G4X_GV_HINT);
-                }
-                uint64_t sc8, mn8;
-                k_unpack_scales(B->scales, &sc8, &mn8);
-                const __m512i scb = _mm512_set1_epi64((long long)sc8);
-                const __m512i s0 = _mm512_shuffle_epi8(scb, pat0), s1 = _mm512_shuffle_epi8(scb, pat1);
-                const uint8_t *xv = xp + (size_t)b * 256;
-                __m512i V = _mm512_setzero_si512();
-#pragma GCC unroll 2
-                for (int c = 0; c < 2; c++) {
-                    const __m512i Q = _mm512_loadu_si512(B->qs + 64 * c);
-                    const __m512i lo = _mm512_and_si512(Q, m4);
-                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4);
-                    const __m512i Dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xv + 128 * c));
-                    const __m512i Dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_load_si512(xv + 128 * c + 64));
-                    V = _mm512_add_epi32(V, _mm512_madd_epi16(_mm512_packs_epi32(Dl, Dh), c ? s1 : s0));
-                }
-                const __m256i mnv = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)mn8), mpat);
-                const __m256i Mv = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xb[c0 + b].bsums), mnv);
-                /* S over 16 lanes, M over 8 lanes, reduced side by side */
-                const __m256i S8 = _mm256_add_epi32(_mm512_castsi512_si256(V), _mm512_extracti64x4_epi64(V, 1));
-                const __m256i h1 = _mm256_hadd_epi32(S8, Mv); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
-                const __m128i h2 = _mm_add_epi32(_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1));
-                const __m128i h3 = _mm_hadd_epi32(h2, h2);    /* S M S M */
-                /* the reference's float ops, in xmm lanes: [d*d8, dmin*d8] * [S, M], difference, add.
-                 * d and dmin by vcvtph2ps, as the tile path does. */
-                uint32_t dpair;
-                memcpy(&dpair, B, 4);
-                const __m128 ddm = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dpair)), _mm_set1_ps(xb[c0 + b].d));
-                const __m128 p = _mm_mul_ps(ddm, _mm_cvtepi32_ps(h3));
-                accv = _mm_add_ss(accv, _mm_sub_ss(p, _mm_movehdup_ps(p)));
-            }
-            y[r] = _mm_cvtss_f32(accv);
         }
     }
 }
@@ -366,7 +279,6 @@ static void q4k_gemv(const uint8_t *w, size_t wrb, const uint8_t *x, float *y, i
 
 static void q4k_tile(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
                      int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {
-    if (n_tok == 1) { q4k_gemv(w, wrb, x, y, k, r0, r1); return; }
     K_CASES(0)
 }
 static void q5k_tile(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
