@@ -11,7 +11,13 @@
  *
  * Q4_K has its own tile kernel (gemm_q4k_amx.c). An earlier one, with each C column one sub-block
  * of one token and the scales applied by vpmulld per (row, sub-block, token), was no faster than
- * avx512 at any n and was dropped. */
+ * avx512 at any n and was dropped.
+ *
+ * Prefetch: each row's blocks 8 ahead into L1, and the same blocks of the next 16-row group into L2
+ * (that group's rows are read next, one whole chunk later). A/B in one process, 2 threads each
+ * streaming 0.5 GiB (Sapphire Rapids-class VM, probe 32.7 GB/s), n = 1 / 2 / 4 / 8: 36.2 / 36.8 /
+ * 38.1 / 42.3 ms against 39.0 / 40.1 / 42.1 / 45.5 without the L2 prefetch (29.7 vs 27.5 GB/s at
+ * n = 1); dropping the L1 prefetch then costs 2 %. */
 #include "amx.h"
 
 #define AMX_BUF (64 * 1024) /* bytes of prepared activations per chunk */
@@ -67,6 +73,7 @@ static void q80_amx(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, 
             }
         for (int64_t rg = r0; rg < r1; rg += 16) {
             const int nr = (int)(r1 - rg < 16 ? r1 - rg : 16);
+            const int nn = (int)(r1 - rg - 16 <= 0 ? 0 : r1 - rg - 16 < 16 ? r1 - rg - 16 : 16); /* next group's rows */
             const uint8_t *base = w + (size_t)rg * wrb + (size_t)c0 * sizeof(block_q8_0);
             _Alignas(64) int32_t offs[16];
             for (int i = 0; i < 16; i++) offs[i] = (int32_t)((i < nr ? i : nr - 1) * (int64_t)wrb);
@@ -82,8 +89,15 @@ static void q80_amx(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, 
             }
             for (int b = 0; b < kc; b++) {
                 const uint8_t *blk = base + (size_t)b * sizeof(block_q8_0);
-                if ((b & 1) == 0)
+                if ((b & 1) == 0) {
                     for (int i = 0; i < nr; i++) _mm_prefetch((const char *)blk + (size_t)i * wrb + 8 * sizeof(block_q8_0), _MM_HINT_T0);
+                    /* the same two blocks of the next 16-row group into L2 (see the note at the top) */
+                    for (int i = 0; i < nn; i++) {
+                        const char *q = (const char *)blk + (size_t)(16 + i) * wrb;
+                        _mm_prefetch(q, _MM_HINT_T1);
+                        _mm_prefetch(q + 64, _MM_HINT_T1);
+                    }
+                }
                 const int s = b & 1;
                 const uint8_t *bt = bb + (size_t)b * BT;
                 const uint8_t *ap = blk + 2;

@@ -67,8 +67,16 @@ G4_AI __m512i q_unpack2(const int QT, const uint8_t *p, const int BB, int two) {
     return v;
 }
 
-G4_AI void q_row(const int NT, const int QT, const uint8_t *wr, const uint8_t *xu, const float *dxp, int kc, int kcp,
-                 float *acc) {
+/* One token, NR rows at once (rows wr + rr * wrb): their in-order accumulation chains (16 dependent
+ * float adds per 16 blocks) interleave instead of one row's chain setting the pace, and each row's
+ * 16-block run of the row NR further on is prefetched into L2 (pfnext bytes ahead; 0 = none at the
+ * end of the range) besides the in-row prefetch 32 blocks ahead into L1. A/B in one process, 2
+ * threads each streaming 0.5 GiB of Q8_0 (Sapphire Rapids-class VM, probe 32.7 GB/s): one row
+ * with in-row prefetch only 55.9 ms (19.2 GB/s), 1 row + next-row L2 prefetch 43.9, 2 rows 41.7,
+ * 4 rows 38.3 (28.1 GB/s); 8 rows ahead instead of 4 and in-row distances 16 / 64 changed nothing. */
+#define Q_NR 4
+G4_AI void q_row(const int NR, const int QT, const uint8_t *wr, size_t wrb, const uint8_t *xu, const float *dxp, int kc,
+                 float *acc, const size_t pfnext) {
     const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
     const __m512i ones80 = _mm512_set1_epi8((char)0x80);
     __m512i gidx;
@@ -77,41 +85,45 @@ G4_AI void q_row(const int NT, const int QT, const uint8_t *wr, const uint8_t *x
         for (int i = 0; i < 16; i++) o[i] = BB * (2 * (i & 7) + (i >> 3));
         gidx = _mm512_loadu_si512(o);
     }
+    float a[Q_NR];
+    for (int rr = 0; rr < NR; rr++) a[rr] = acc[rr];
     for (int g = 0; g < kc; g += 16) {
         const int cnt = kc - g < 16 ? kc - g : 16;
-        const uint8_t *p = wr + (size_t)g * BB;
-        for (int o = 0; o < 16 * BB; o += 64) _mm_prefetch((const char *)p + 32 * BB + o, _MM_HINT_T0);
-        __m512i W[8], C[8];
-        for (int j = 0; j < 8; j++) {
-            const int b = 2 * j;
-            if (b < cnt) W[j] = q_unpack2(QT, p + (size_t)b * BB, BB, b + 1 < cnt);
-            else W[j] = _mm512_setzero_si512();
-            C[j] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones80, W[j]));
-        }
         /* lane i <-> block 2*(i&7) + (i>>3) */
         const __mmask16 vm = cnt == 16 ? 0xFFFF : (__mmask16)(((1u << ((cnt + 1) / 2)) - 1) | (((1u << (cnt / 2)) - 1) << 8));
-        const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), vm, gidx, p, 1);
-        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
-        for (int t = 0; t < NT; t++) {
-            const uint8_t *xv = xu + ((size_t)t * kcp + g) * 32;
+        const uint8_t *xv = xu + (size_t)g * 32;
+        const __m512 dxg = _mm512_load_ps(dxp + g);
+#pragma GCC unroll 4
+        for (int rr = 0; rr < NR; rr++) {
+            const uint8_t *p = wr + rr * wrb + (size_t)g * BB;
+            for (int o = 0; o < 16 * BB; o += 64) _mm_prefetch((const char *)p + 32 * BB + o, _MM_HINT_T0);
+            if (pfnext)
+                for (int o = 0; o < 16 * BB; o += 64) _mm_prefetch((const char *)p + pfnext + o, _MM_HINT_T1);
             __m512i D[8];
-            for (int j = 0; j < 8; j++) D[j] = _mm512_dpbusd_epi32(C[j], _mm512_load_si512(xv + 64 * j), W[j]);
+            for (int j = 0; j < 8; j++) {
+                const int b = 2 * j;
+                const __m512i W = b < cnt ? q_unpack2(QT, p + (size_t)b * BB, BB, b + 1 < cnt) : _mm512_setzero_si512();
+                const __m512i C = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones80, W));
+                D[j] = _mm512_dpbusd_epi32(C, _mm512_load_si512(xv + 64 * j), W);
+            }
+            const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), vm, gidx, p, 1);
+            const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
             const __m512i U0 = g4x_merge(D[0], D[1], 1), U1 = g4x_merge(D[2], D[3], 1);
             const __m512i U2 = g4x_merge(D[4], D[5], 1), U3 = g4x_merge(D[6], D[7], 1);
             const __m512i T0 = g4x_merge(U0, U1, 2), T1 = g4x_merge(U2, U3, 2);
             const __m512i S = g4x_merge(T0, T1, 4);
-            const __m512 dd = _mm512_mul_ps(dw, _mm512_load_ps(dxp + (size_t)t * kcp + g));
             _Alignas(64) float pr[16];
-            _mm512_store_ps(pr, _mm512_mul_ps(_mm512_cvtepi32_ps(S), dd));
-            float a = acc[t];
+            _mm512_store_ps(pr, _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(dw, dxg)));
+            float x = a[rr];
             if (cnt == 16) {
-                for (int j = 0; j < 8; j++) { a = a + pr[j]; a = a + pr[j + 8]; }
+                for (int j = 0; j < 8; j++) { x = x + pr[j]; x = x + pr[j + 8]; }
             } else {
-                for (int b = 0; b < cnt; b++) a = a + pr[q_lane_of_block(b)];
+                for (int b = 0; b < cnt; b++) x = x + pr[q_lane_of_block(b)];
             }
-            acc[t] = a;
+            a[rr] = x;
         }
     }
+    for (int rr = 0; rr < NR; rr++) acc[rr] = a[rr];
 }
 
 /* n_tok >= 2: R = 16/NT rows x NT tokens = up to 16 items, lane i = item i (row i/NT, token i%NT).
@@ -414,11 +426,15 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
             const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
             const int kcp = (kc + 15) & ~15;
             q_prepare(x, xrb, NT, c0, kc, kcp, xu, dxp);
-            for (int64_t r = r0; r < r1; r++) {
-                float acc[1];
-                acc[0] = c0 > 0 ? y[r] : 0.0f;
-                q_row(1, QT, w + (size_t)r * wrb + (size_t)c0 * BB, xu, dxp, kc, kcp, acc);
-                y[r] = acc[0];
+            for (int64_t r = r0; r < r1; r += Q_NR) {
+                float acc[Q_NR];
+                const int nr = r1 - r < Q_NR ? (int)(r1 - r) : Q_NR;
+                for (int i = 0; i < nr; i++) acc[i] = c0 > 0 ? y[r + i] : 0.0f;
+                const size_t pn = r + 2 * Q_NR <= r1 ? (size_t)Q_NR * wrb : 0;
+                if (nr == Q_NR) q_row(Q_NR, QT, w + (size_t)r * wrb + (size_t)c0 * BB, wrb, xu, dxp, kc, acc, pn);
+                else
+                    for (int i = 0; i < nr; i++) q_row(1, QT, w + (size_t)(r + i) * wrb + (size_t)c0 * BB, wrb, xu, dxp, kc, acc + i, 0);
+                for (int i = 0; i < nr; i++) y[r + i] = acc[i];
             }
         }
         return;
