@@ -73,7 +73,8 @@ static void q80_amx(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, 
             }
         for (int64_t rg = r0; rg < r1; rg += 16) {
             const int nr = (int)(r1 - rg < 16 ? r1 - rg : 16);
-            const int nn = (int)(r1 - rg - 16 <= 0 ? 0 : r1 - rg - 16 < 16 ? r1 - rg - 16 : 16); /* next group's rows */
+            const int64_t after = r1 - rg - 16;                       /* rows past this group */
+            const int nn = after <= 0 ? 0 : after < 16 ? (int)after : 16; /* next group's rows */
             const uint8_t *base = w + (size_t)rg * wrb + (size_t)c0 * sizeof(block_q8_0);
             _Alignas(64) int32_t offs[16];
             for (int i = 0; i < 16; i++) offs[i] = (int32_t)((i < nr ? i : nr - 1) * (int64_t)wrb);

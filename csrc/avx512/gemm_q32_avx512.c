@@ -431,9 +431,7 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
                 const int nr = r1 - r < Q_NR ? (int)(r1 - r) : Q_NR;
                 for (int i = 0; i < nr; i++) acc[i] = c0 > 0 ? y[r + i] : 0.0f;
                 const size_t pn = r + 2 * Q_NR <= r1 ? (size_t)Q_NR * wrb : 0;
-                if (nr == Q_NR) q_row(Q_NR, QT, w + (size_t)r * wrb + (size_t)c0 * BB, wrb, xu, dxp, kc, acc, pn);
-                else
-                    for (int i = 0; i < nr; i++) q_row(1, QT, w + (size_t)(r + i) * wrb + (size_t)c0 * BB, wrb, xu, dxp, kc, acc + i, 0);
+                q_row(nr, QT, w + (size_t)r * wrb + (size_t)c0 * BB, wrb, xu, dxp, kc, acc, pn);
                 for (int i = 0; i < nr; i++) y[r + i] = acc[i];
             }
         }
