@@ -17,7 +17,11 @@
  * (that group's rows are read next, one whole chunk later). A/B in one process, 2 threads each
  * streaming 0.5 GiB (Sapphire Rapids-class VM, probe 32.7 GB/s), n = 1 / 2 / 4 / 8: 36.2 / 36.8 /
  * 38.1 / 42.3 ms against 39.0 / 40.1 / 42.1 / 45.5 without the L2 prefetch (29.7 vs 27.5 GB/s at
- * n = 1); dropping the L1 prefetch then costs 2 %. */
+ * n = 1); dropping the L1 prefetch then costs 2 %.
+ *
+ * One token goes to the avx512 kernel instead (q_row in gemm_q32_avx512.c): A/B in one process, 2
+ * threads x 174 MiB, k = 640 / 2048 / 5376 / 21504: 22.2 / 23.7 / 29.5 / 33.0 GB/s against 19.8 /
+ * 21.8 / 28.1 / 26.6 for this kernel at n = 1. */
 #include "amx.h"
 
 #define AMX_BUF (64 * 1024) /* bytes of prepared activations per chunk */
@@ -159,6 +163,10 @@ void g4_gemm_q8_0_q8_0_amx(const void *w, size_t wrb, const void *x, size_t xrb,
                            int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {
     for (int64_t t = 0; t < n_tok; t += 16) {
         const int nt = (int)(n_tok - t < 16 ? n_tok - t : 16);
+        if (nt == 1) { /* the avx512 one-token kernel is faster at every width (see the note at the top) */
+            g4_gemm_q8_0_q8_0_avx512(w, wrb, (const uint8_t *)x + (size_t)t * xrb, xrb, y + t * ldy, ldy, 1, k, r0, r1);
+            continue;
+        }
         q80_amx((const uint8_t *)w, wrb, (const uint8_t *)x + (size_t)t * xrb, xrb, y + t * ldy, ldy, nt, k, r0, r1);
     }
 }
