@@ -65,19 +65,19 @@ enum { QT_Q8_0, QT_Q4_0, QT_Q5_0 };
  * unsigned domain (uns = 1): w + 128 for Q8_0, the stored 4- / 5-bit values (w + 8 / w + 16) for Q4_0 / Q5_0, so that
  * vpdpbusd takes them as its unsigned operand against signed activations (q_prepare's bias). */
 G4_AI __m512i q_unpack2(const int QT, const uint8_t *p, const int BB, int two, const int uns) {
+    __m512i v;
     if (QT == QT_Q8_0) {
         const __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
-        __m512i v = two ? _mm512_inserti64x4(lo, _mm256_loadu_si256((const __m256i *)(p + BB + 2)), 1)
-                        : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
+        v = two ? _mm512_inserti64x4(lo, _mm256_loadu_si256((const __m256i *)(p + BB + 2)), 1) : lo;
         if (uns) v = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
-        return two ? v : _mm512_maskz_mov_epi64(0x0F, v);
+        return two ? v : _mm512_maskz_mov_epi64(0x0F, v); /* the upper half of lo is undefined */
     }
     const int off = QT == QT_Q4_0 ? 2 : 6;
     /* 128-bit lanes: qa, qa, qb, qb (broadcasts from memory: load uops, one blend) */
     __m512i t = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + off)));
     if (two) t = _mm512_mask_broadcast_i32x4(t, 0xFF00, _mm_loadu_si128((const __m128i *)(p + BB + off)));
     const __m512i sh = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
-    __m512i v = _mm512_and_si512(_mm512_srlv_epi64(t, sh), _mm512_set1_epi8(0x0F));
+    v = _mm512_and_si512(_mm512_srlv_epi64(t, sh), _mm512_set1_epi8(0x0F));
     if (QT == QT_Q4_0) {
         if (!uns) v = _mm512_sub_epi8(v, _mm512_set1_epi8(8));
     } else {
@@ -115,7 +115,7 @@ G4_AI void q_row(const int NR, const int QT, const uint8_t *wr, size_t wrb, cons
         const int cnt = kc - g < 16 ? kc - g : 16;
         const int jn = (cnt + 1) / 2; /* block pairs present */
         /* lane i <-> block 2*(i&7) + (i>>3) */
-        const __mmask16 vm = cnt == 16 ? 0xFFFF : (__mmask16)(((1u << ((cnt + 1) / 2)) - 1) | (((1u << (cnt / 2)) - 1) << 8));
+        const __mmask16 vm = cnt == 16 ? 0xFFFF : (__mmask16)(((1u << jn) - 1) | (((1u << (cnt / 2)) - 1) << 8));
         const uint8_t *xv = xs + (size_t)g * 32;
         const __m512 dxg = _mm512_load_ps(dxp + g);
         const __m512i xcg = _mm512_load_si512(xc + g);
