@@ -18,6 +18,12 @@
 #define QK5_0 32
 #define QK8_0 32
 #define K_SCALE_SIZE 12
+/* Q8_K activation blocks whose largest |x| is below this (2^-80) quantise to zero (d = 0). Without
+ * the rule, -127/max overflows to inf for |max| < ~3.7e-37 (garbage codes), and a block of values
+ * near 1e-36 (a tanh-GELU's clamped tail) gets d ~ 1e-38: every d * d8 in the kernels is then
+ * subnormal, and the microcode assists made a 31B-shaped down projection 4x slower. Above it,
+ * d8 >= 2^-87 and d8 times any f16 scale (>= 2^-24) stays a normal float. */
+#define G4_Q8K_TINY 0x1p-80f
 
 typedef uint16_t g4_half; /* IEEE binary16 bits */
 typedef uint16_t g4_bf16; /* bfloat16 bits */

@@ -34,7 +34,7 @@ void g4_quantize_row_q8_K_avx2(const float *x, void *vy, int64_t k) {
             m1 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + j + 8), absmask), m1);
         }
         const float amax = g4_hmax8(_mm256_max_ps(m0, m1));
-        if (amax == 0.0f) {
+        if (amax < G4_Q8K_TINY) { /* see g4_blocks.h */
             memset(&y[i], 0, sizeof(y[i]));
             continue;
         }

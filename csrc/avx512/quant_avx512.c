@@ -23,7 +23,7 @@ void g4_quantize_row_q8_K_avx512(const float *x, void *vy, int64_t k) {
             am = g4x_absmax_acc(am, v[j]);
         }
         const float amax = _mm512_reduce_max_ps(am);
-        if (amax == 0.0f) {
+        if (amax < G4_Q8K_TINY) { /* see g4_blocks.h */
             y[i].d = 0.0f;
             memset(y[i].qs, 0, sizeof(y[i].qs));
             memset(y[i].bsums, 0, sizeof(y[i].bsums));

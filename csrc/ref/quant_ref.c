@@ -8,7 +8,8 @@
 #include "../g4_impl.h"
 
 /* Q8_K as ggml's quantize_row_q8_K_ref: iscale = -127/max with max the signed element of largest
- * magnitude (first one on ties), q = min(127, rint(iscale * x)), d = 1/iscale, bsums per 16. */
+ * magnitude (first one on ties), q = min(127, rint(iscale * x)), d = 1/iscale, bsums per 16;
+ * a block with amax < G4_Q8K_TINY (and an all-zero one) is all zeros with d = 0. */
 void g4_quantize_row_q8_K_ref(const float *x, void *vy, int64_t k) {
     block_q8_K *y = (block_q8_K *)vy;
     const int64_t nb = k / QK_K;
@@ -19,7 +20,7 @@ void g4_quantize_row_q8_K_ref(const float *x, void *vy, int64_t k) {
             const float ax = fabsf(xb[j]);
             if (ax > amax) { amax = ax; max = xb[j]; }
         }
-        if (amax == 0.0f) {
+        if (amax < G4_Q8K_TINY) {
             y[i].d = 0.0f;
             memset(y[i].qs, 0, sizeof(y[i].qs));
             memset(y[i].bsums, 0, sizeof(y[i].bsums));

@@ -13,17 +13,19 @@ from gguf import quants as gq
 from gemma4cpu.ref.blocks import block_q8_0, block_q8_K
 
 QK_K = 256
+Q8K_TINY = np.float32(2.0 ** -80)
 
 
 def quantize_row_q8_K(x: np.ndarray) -> np.ndarray:
     """x (k,) float32, k % 256 == 0 -> (k/256,) block_q8_K, exactly as the C kernels:
     iscale = -127/max (max = the signed element of largest magnitude, first on ties),
-    q = min(127, rint(iscale*x)), d = 1/iscale, bsums over groups of 16."""
+    q = min(127, rint(iscale*x)), d = 1/iscale, bsums over groups of 16. A block whose largest |x| is
+    below Q8K_TINY = 2**-80 is all zeros with d = 0 (csrc/g4_blocks.h says why)."""
     x = np.asarray(x, dtype=np.float32).reshape(-1, QK_K)
     out = np.zeros(x.shape[0], dtype=block_q8_K)
     imax = np.abs(x).argmax(axis=1)
     mx = x[np.arange(x.shape[0]), imax]
-    nz = mx != 0
+    nz = np.abs(mx) >= Q8K_TINY
     with np.errstate(divide="ignore"):
         iscale = np.where(nz, np.float32(-127.0) / np.where(nz, mx, np.float32(1)), np.float32(0)).astype(np.float32)
     q = np.minimum(np.rint(iscale[:, None] * x), np.float32(127)).astype(np.int8)
@@ -56,15 +58,17 @@ def dequant_act(blocks: np.ndarray) -> np.ndarray:
 def act_error_bound(x: np.ndarray, kind: str) -> np.ndarray:
     """Per-element bound on |x - dequant(quantize(x))| (float64), derived:
     q8_K: x - d*q = d*(iscale*x - q) + x*(1 - d*iscale); |iscale*x - q| <= 1/2 + rounding of the
-          product (u*|iscale*x|), |1 - d*iscale| <= u  =>  <= |d|/2 + 2u*|x|  (u = 2^-24).
+          product (u*|iscale*x|), |1 - d*iscale| <= u  =>  <= |d|/2 + 2u*|x|  (u = 2^-24);
+          a block quantised to zero (amax < Q8K_TINY) errs by |x| itself.
     q8_0: q = rint(x*id), id = fl(1/d), stored d16 = fp16(d):  |x - d16*q| <= |x - d*q| + |d - d16|*|q|
           with |x - d*q| <= d/2 + 2u*|x| as above, |q| <= 127."""
     u = 2.0 ** -24
     x = np.asarray(x, dtype=np.float32)
     if kind == "q8_K":
         b = quantize_row_q8_K(x)
-        d = np.abs(b["d"].astype(np.float64))
-        return (np.repeat(d, QK_K) / 2 + 2 * u * np.abs(x.astype(np.float64))).reshape(-1)
+        d = np.repeat(np.abs(b["d"].astype(np.float64)), QK_K)
+        ax = np.abs(x.astype(np.float64)).reshape(-1)
+        return d / 2 + 2 * u * ax + np.where(d == 0, ax, 0.0)
     b = quantize_row_q8_0(x)
     xb = x.reshape(-1, 32).astype(np.float64)
     d32 = (np.abs(x.reshape(-1, 32)).max(axis=1) / np.float32(127)).astype(np.float32).astype(np.float64)
