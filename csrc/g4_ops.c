@@ -5,8 +5,10 @@
  * exp by range reduction and the Cephes polynomial (~1-2 ulp): no libm call per element (glibc
  * tanhf cost ~15-20 ns an element, 1.7 ms per 31B layer at 4 tokens and 176 ms of a 270M pp512),
  * in 4-lane SSE2 (baseline x86-64; the tail of a row runs through the same 4-lane code, so a
- * value never depends on its position). For z very negative exp saturates at exp(88) and the result underflows
- * towards 0 like the true value; for z large exp(-2z) -> exp(-87) and the result is x. */
+ * value never depends on its position). For z very negative (x below about -10.2) exp's argument is
+ * clamped to 89, 2^k becomes +inf and the result is exactly 0, as float32 tanh gives (1 + tanh z = 0):
+ * an earlier clamp at 88 left x * 6e-39 there, values that reached the next product's activation
+ * blocks as ~1e-36. For z large exp(-2z) -> exp(-87) and the result is x. */
 #include <stdint.h>
 #include <string.h>
 
@@ -15,10 +17,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
-/* exp of 4 lanes, t clamped to [-87, 88]: k = round(t / ln 2) by the 1.5 * 2^23 trick, r = t - k ln 2
+/* exp of 4 lanes, t clamped to [-87, 89] (above ~88.7: +inf): k = round(t / ln 2) by the 1.5 * 2^23 trick, r = t - k ln 2
  * in two parts, the Cephes polynomial, times 2^k (k in [-126, 127]) */
 static inline __m128 g4_expf4(__m128 t) {
-    t = _mm_max_ps(_mm_min_ps(t, _mm_set1_ps(88.0f)), _mm_set1_ps(-87.0f));
+    t = _mm_max_ps(_mm_min_ps(t, _mm_set1_ps(89.0f)), _mm_set1_ps(-87.0f));
     const __m128 M = _mm_set1_ps(12582912.0f);
     const __m128 kf = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(t, _mm_set1_ps(1.44269504088896341f)), M), M);
     const __m128 r = _mm_sub_ps(_mm_sub_ps(t, _mm_mul_ps(kf, _mm_set1_ps(0.693359375f))),
@@ -55,7 +57,7 @@ void g4_gelu_mul_row(const float *g, const float *u, float *o, int64_t n) {
 }
 #else
 static inline float g4_expf_poly(float t) {
-    t = t < 88.0f ? t : 88.0f;
+    t = t < 89.0f ? t : 89.0f;
     t = t > -87.0f ? t : -87.0f;
     const float kf = (t * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     const float r = (t - kf * 0.693359375f) - kf * -2.12194440e-4f;

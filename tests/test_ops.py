@@ -70,6 +70,11 @@ def test_gelu_mul_matches_float64():
     gu = np.concatenate([g, u], axis=1)
     np.testing.assert_array_equal(gelu_mul(gu[:, :300], gu[:, 300:]), y)
     np.testing.assert_array_equal(gelu_mul(g[3:4], u[3:4]), y[3:4])
+    # far tail (exp argument above 88.7, g below about -10.2): exactly zero, as float32 tanh gives (not a
+    # ~1e-36 residue that would reach the next product's activations)
+    gt = np.array([[-10.3, -12.0, -50.0, -300.0, -3e4, -np.float32(3e38)]], np.float32)
+    assert not gelu_mul(gt, np.ones_like(gt)).any()
+    assert gelu_mul(np.array([[-9.0]], np.float32), np.ones((1, 1), np.float32))[0, 0] < 0
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
