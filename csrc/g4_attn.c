@@ -62,10 +62,13 @@ const g4_attn_kernels *g4_attn_for(const char *isa) {
 
 /* Static split of the (row, head) pairs; every pair runs the same kernel code whichever worker
  * takes it, so the thread count never changes a bit of the output.
- *   n_q >= 2 * threads (prefill): tiles of G4_ATTN_ROW_TILE rows x all heads, dealt round-robin
- *                                 (causal rows grow in cost; round-robin keeps workers even).
- *   otherwise (decode / verify):  the flattened (row, head) list cut into equal ranges, rounded to
- *                                 whole kv groups when a range holds at least one group. */
+ *   at least 2 units per thread, a unit being (tile of G4_ATTN_ROW_TILE rows, kv group): units
+ *       dealt round-robin, tile-major (causal rows grow in cost; round-robin keeps workers even,
+ *       and each unit's K/V rows are read by one worker). A verify batch of 4 rows on 2 threads
+ *       is one row tile, so it is split by kv group: the former rule (whole row tiles once
+ *       n_q >= 2 * threads) gave all of it to one worker, 10 ms instead of ~4 per 6 31B layers.
+ *   otherwise (few kv heads, decode):  the flattened (row, head) list cut into equal ranges,
+ *       rounded to whole kv groups when a range holds at least one group. */
 typedef struct {
     const g4_attn_args *a;
     g4_attn_fn fn;
@@ -75,9 +78,13 @@ static void attn_task(void *vctx, int ith, int nth) {
     const attn_ctx *c = (const attn_ctx *)vctx;
     const g4_attn_args *a = c->a;
     const int H = a->n_head, G = a->n_head / a->n_head_kv;
-    if (a->n_q >= 2 * (int64_t)nth) {
-        for (int64_t r = (int64_t)ith * G4_ATTN_ROW_TILE; r < a->n_q; r += (int64_t)nth * G4_ATTN_ROW_TILE)
-            c->fn(a, r, r + G4_ATTN_ROW_TILE < a->n_q ? r + G4_ATTN_ROW_TILE : a->n_q, 0, H);
+    const int64_t ntile = (a->n_q + G4_ATTN_ROW_TILE - 1) / G4_ATTN_ROW_TILE, ng = a->n_head_kv;
+    if (ntile * ng >= 2 * (int64_t)nth) {
+        for (int64_t u = ith; u < ntile * ng; u += nth) {
+            const int64_t r = (u / ng) * G4_ATTN_ROW_TILE;
+            const int g = (int)(u % ng);
+            c->fn(a, r, r + G4_ATTN_ROW_TILE < a->n_q ? r + G4_ATTN_ROW_TILE : a->n_q, g * G, (g + 1) * G);
+        }
         return;
     }
     const int64_t units = a->n_q * H;

@@ -1,9 +1,10 @@
-/* attn_avx512.c: flash attention with AVX-512 F/BW/VL/DQ (+F16C). Same algorithm, block
- * boundaries and loop nest as csrc/avx2/attn_avx2.c (read its header comment); the dot product
- * is summed in two 16-lane accumulators (the two halves of each 32-block) folded at the end by
- * _mm512_reduce_add_ps, scores are computed for two K rows at a time, V is accumulated for all
- * (up to 4) heads of a tile in one pass over 64-element pieces, and exp
- * is the same Cephes polynomial in 16 lanes. */
+/* attn_avx512.c: flash attention with AVX-512 F/BW/VL/DQ (+F16C). Same algorithm and block
+ * boundaries as csrc/avx2/attn_avx2.c (read its header comment); the dot product is summed in two
+ * 16-lane accumulators (the two halves of each 32-block) folded at the end by _mm512_reduce_add_ps;
+ * a tile is up to 8 (row, head) pairs of one kv head, taken across the rows of a verify batch or
+ * prefill tile that see the same slots, so each K/V row is converted once for all of them; K/V rows
+ * are prefetched (they lie a slot apart); the block max and weight sum run in 16 lanes; exp is the
+ * same Cephes polynomial in 16 lanes. */
 #include <immintrin.h>
 #include <math.h>
 
@@ -65,148 +66,148 @@ AI void load32(const int type, const uint8_t *row, int64_t b, __m512 v[2]) {
     }
 }
 
-/* Per-(row, head-tile) running state. */
-typedef struct {
-    float m[G4_ATTN_HEAD_TILE], l[G4_ATTN_HEAD_TILE];
-} row_state;
+/* Cache rows are [slot][kv head][hd], so one head's rows lie a whole slot apart (8 KiB for 16 f16
+ * heads of 256): every row is in another 4 KiB page, where the hardware prefetchers stop, and the
+ * score loop waited on each row. K rows are fetched G4X_APF slots ahead into L1 and each V row into
+ * L2 while its scores are computed (the V pass reads it next). */
+#ifndef G4X_APF
+#define G4X_APF 4
+#endif
+AI void attn_prefetch(const uint8_t *p, size_t n, const int hint) {
+    for (size_t o = 0; o < n; o += 64) {
+        if (hint == _MM_HINT_T0) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+        else _mm_prefetch((const char *)p + o, _MM_HINT_T1);
+    }
+}
+
+/* A tile is up to QT query vectors, (row, head) pairs of one kv head whose rows see the same slots
+ * of the block (in a verify batch or a prefill tile that is every block but the causal diagonal):
+ * each K and V row is loaded and converted once for all of them, and the accumulators stay in
+ * registers (QT = 8: 16 score accumulators, then 16 V accumulators over 32 dims). Per pair the
+ * float operations and their order are those of a lone pair, so grouping never changes a bit. */
+#define QT 8
 
 typedef struct {
     const g4_attn_args *a;
     const uint8_t *K, *V;
     size_t koff, voff;
     int64_t nb;
+    size_t hbk, hbv; /* bytes of one head row of K, V */
 } tile_ctx;
 
-/* One (row, block) step for NT heads: scores, online-softmax update, V accumulation into o. */
-AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, const float *const *q, float *const *o,
-                   row_state *st, const int64_t *idx, int nv) {
+/* One block step for NQ pairs: scores, online-softmax update, V accumulation into o. */
+AI void block_step(const int kt, const int vt, const int NQ, const tile_ctx *c, const float *const *q, float *const *o,
+                   float *mst, float *lst, const int64_t *idx, int nv) {
     const g4_attn_args *a = c->a;
     const int64_t nb = c->nb;
-    float p[G4_ATTN_HEAD_TILE][G4_ATTN_BLOCK + 16] __attribute__((aligned(64)));
-    float alpha[G4_ATTN_HEAD_TILE];
-    /* scores: every head of the tile against two K rows at a time (one when a single visible slot
-     * is left); per (head, slot) two accumulators (the two 16-halves of each 32-block) folded at
-     * the end, the same sequence on both paths */
-    int j = 0;
-    for (; j + 1 < nv; j += 2) {
-        const uint8_t *kr0 = c->K + (size_t)idx[j] * a->k_slot_bytes + c->koff;
-        const uint8_t *kr1 = c->K + (size_t)idx[j + 1] * a->k_slot_bytes + c->koff;
-        __m512 a0[G4_ATTN_HEAD_TILE][2], a1[G4_ATTN_HEAD_TILE][2];
-        for (int t = 0; t < NT; t++) a0[t][0] = a1[t][0] = a0[t][1] = a1[t][1] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            __m512 k0[2], k1[2];
-            load32(kt, kr0, b, k0);
-            load32(kt, kr1, b, k1);
-            for (int t = 0; t < NT; t++) {
-                const __m512 q0 = _mm512_loadu_ps(q[t] + 32 * b), q1 = _mm512_loadu_ps(q[t] + 32 * b + 16);
-                a0[t][0] = _mm512_fmadd_ps(q0, k0[0], a0[t][0]);
-                a1[t][0] = _mm512_fmadd_ps(q1, k0[1], a1[t][0]);
-                a0[t][1] = _mm512_fmadd_ps(q0, k1[0], a0[t][1]);
-                a1[t][1] = _mm512_fmadd_ps(q1, k1[1], a1[t][1]);
-            }
-        }
-        for (int t = 0; t < NT; t++)
-            for (int e = 0; e < 2; e++) {
-                float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t][e], a1[t][e])) * a->scale;
-                if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
-                p[t][j + e] = s;
-            }
-    }
-    if (j < nv) {
+    float p[QT][G4_ATTN_BLOCK + 16] __attribute__((aligned(64)));
+    float alpha[QT];
+    /* scores: per (pair, slot) two accumulators (the two 16-halves of each 32-block) folded at the end */
+    for (int j = 0; j < nv; j++) {
         const uint8_t *kr = c->K + (size_t)idx[j] * a->k_slot_bytes + c->koff;
-        __m512 a0[G4_ATTN_HEAD_TILE], a1[G4_ATTN_HEAD_TILE];
-        for (int t = 0; t < NT; t++) a0[t] = a1[t] = _mm512_setzero_ps();
+        if (j + G4X_APF < nv) attn_prefetch(c->K + (size_t)idx[j + G4X_APF] * a->k_slot_bytes + c->koff, c->hbk, _MM_HINT_T0);
+        attn_prefetch(c->V + (size_t)idx[j] * a->v_slot_bytes + c->voff, c->hbv, _MM_HINT_T1);
+        __m512 a0[QT], a1[QT];
+#pragma GCC unroll 8
+        for (int t = 0; t < NQ; t++) a0[t] = a1[t] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             __m512 k[2];
             load32(kt, kr, b, k);
-            for (int t = 0; t < NT; t++) {
+#pragma GCC unroll 8
+            for (int t = 0; t < NQ; t++) {
                 a0[t] = _mm512_fmadd_ps(_mm512_loadu_ps(q[t] + 32 * b), k[0], a0[t]);
                 a1[t] = _mm512_fmadd_ps(_mm512_loadu_ps(q[t] + 32 * b + 16), k[1], a1[t]);
             }
         }
-        for (int t = 0; t < NT; t++) {
-            float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) * a->scale;
-            if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
-            p[t][j] = s;
+#pragma GCC unroll 8
+        for (int t = 0; t < NQ; t++) {
+            float sc = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) * a->scale;
+            if (a->softcap > 0.0f) sc = a->softcap * tanhf(sc / a->softcap);
+            p[t][j] = sc;
         }
     }
-    /* online softmax update per head */
-    for (int t = 0; t < NT; t++) {
-        float mb = -INFINITY;
-        for (int j = 0; j < nv; j++) mb = p[t][j] > mb ? p[t][j] : mb;
-        const float mo = st->m[t], mn = mo > mb ? mo : mb;
+    /* online softmax update per pair */
+    for (int t = 0; t < NQ; t++) {
+        /* max in 16 lanes (exact in any order); the sum of the block's weights in 16 lanes, folded
+         * by _mm512_reduce_add_ps (a fixed order: the scalar chain of 64 dependent adds cost as
+         * much as the scores of a lone pair) */
+        __m512 mv = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < nv; j += 16)
+            mv = _mm512_mask_max_ps(mv, (__mmask16)(nv - j >= 16 ? 0xFFFF : (1u << (nv - j)) - 1), mv, _mm512_load_ps(&p[t][j]));
+        const float mb = _mm512_reduce_max_ps(mv);
+        const float mo = mst[t], mn = mo > mb ? mo : mb;
         alpha[t] = mo == -INFINITY ? 0.0f : exp1(mo - mn);
         const __m512 vm = _mm512_set1_ps(mn);
-        for (int j = 0; j < nv; j += 16)
-            _mm512_store_ps(&p[t][j], exp_ps(_mm512_sub_ps(_mm512_load_ps(&p[t][j]), vm)));
-        float sum = 0.0f;
-        for (int j = 0; j < nv; j++) sum += p[t][j];
-        st->l[t] = st->l[t] * alpha[t] + sum;
-        st->m[t] = mn;
+        __m512 sv = _mm512_setzero_ps();
+        for (int j = 0; j < nv; j += 16) {
+            const __m512 e = exp_ps(_mm512_sub_ps(_mm512_load_ps(&p[t][j]), vm));
+            _mm512_store_ps(&p[t][j], e);
+            sv = _mm512_mask_add_ps(sv, (__mmask16)(nv - j >= 16 ? 0xFFFF : (1u << (nv - j)) - 1), sv, e);
+        }
+        const float sum = _mm512_reduce_add_ps(sv);
+        lst[t] = lst[t] * alpha[t] + sum;
+        mst[t] = mn;
     }
-    /* V: o = o * alpha, then o += p_j v_j in slot order; all heads of the tile in one pass, two
-     * 32-blocks at a time (16 accumulators) while two are left, then one */
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        __m512 acc[G4_ATTN_HEAD_TILE][4];
-        for (int t = 0; t < NT; t++) {
+    /* V: o = o * alpha, then o += p_j v_j in slot order; all pairs in one pass over VB 16-lane
+     * pieces (64 dims for up to 4 pairs, 32 for more) */
+    const int VB = NQ <= 4 ? 4 : 2;
+    for (int64_t b = 0; b < nb; b += VB / 2) {
+        const int vb = (VB == 4 && b + 1 >= nb) ? 2 : VB; /* a last single 32-block */
+        __m512 acc[QT][4];
+#pragma GCC unroll 8
+        for (int t = 0; t < NQ; t++) {
             const __m512 al = _mm512_set1_ps(alpha[t]);
-            for (int e = 0; e < 4; e++) acc[t][e] = _mm512_mul_ps(_mm512_loadu_ps(o[t] + 32 * b + 16 * e), al);
+            acc[t][0] = _mm512_mul_ps(_mm512_loadu_ps(o[t] + 32 * b), al);
+            acc[t][1] = _mm512_mul_ps(_mm512_loadu_ps(o[t] + 32 * b + 16), al);
+            if (vb == 4) {
+                acc[t][2] = _mm512_mul_ps(_mm512_loadu_ps(o[t] + 32 * b + 32), al);
+                acc[t][3] = _mm512_mul_ps(_mm512_loadu_ps(o[t] + 32 * b + 48), al);
+            }
         }
         for (int j = 0; j < nv; j++) {
             const uint8_t *vr = c->V + (size_t)idx[j] * a->v_slot_bytes + c->voff;
             __m512 v[4];
             load32(vt, vr, b, v);
-            load32(vt, vr, b + 1, v + 2);
-            for (int t = 0; t < NT; t++) {
-                const __m512 pj = _mm512_set1_ps(p[t][j]);
-                for (int e = 0; e < 4; e++) acc[t][e] = _mm512_fmadd_ps(pj, v[e], acc[t][e]);
-            }
-        }
-        for (int t = 0; t < NT; t++)
-            for (int e = 0; e < 4; e++) _mm512_storeu_ps(o[t] + 32 * b + 16 * e, acc[t][e]);
-    }
-    if (b < nb) {
-        __m512 acc[G4_ATTN_HEAD_TILE][2];
-        for (int t = 0; t < NT; t++) {
-            const __m512 al = _mm512_set1_ps(alpha[t]);
-            acc[t][0] = _mm512_mul_ps(_mm512_loadu_ps(o[t] + 32 * b), al);
-            acc[t][1] = _mm512_mul_ps(_mm512_loadu_ps(o[t] + 32 * b + 16), al);
-        }
-        for (int j = 0; j < nv; j++) {
-            __m512 v[2];
-            load32(vt, c->V + (size_t)idx[j] * a->v_slot_bytes + c->voff, b, v);
-            for (int t = 0; t < NT; t++) {
+            if (vb == 4) load32(vt, vr, b + 1, v + 2);
+#pragma GCC unroll 8
+            for (int t = 0; t < NQ; t++) {
                 const __m512 pj = _mm512_set1_ps(p[t][j]);
                 acc[t][0] = _mm512_fmadd_ps(pj, v[0], acc[t][0]);
                 acc[t][1] = _mm512_fmadd_ps(pj, v[1], acc[t][1]);
+                if (vb == 4) {
+                    acc[t][2] = _mm512_fmadd_ps(pj, v[2], acc[t][2]);
+                    acc[t][3] = _mm512_fmadd_ps(pj, v[3], acc[t][3]);
+                }
             }
         }
-        for (int t = 0; t < NT; t++) {
-            _mm512_storeu_ps(o[t] + 32 * b, acc[t][0]);
-            _mm512_storeu_ps(o[t] + 32 * b + 16, acc[t][1]);
-        }
+#pragma GCC unroll 8
+        for (int t = 0; t < NQ; t++)
+            for (int e = 0; e < vb; e++) _mm512_storeu_ps(o[t] + 32 * b + 16 * e, acc[t][e]);
     }
 }
 
-#define NT_CASES(KT, VT)                                                                 \
-    switch (nt) {                                                                        \
-    case 1: block_step(KT, VT, 1, c, q, o, st, idx, nv); break;                          \
-    case 2: block_step(KT, VT, 2, c, q, o, st, idx, nv); break;                          \
-    case 3: block_step(KT, VT, 3, c, q, o, st, idx, nv); break;                          \
-    default: block_step(KT, VT, 4, c, q, o, st, idx, nv); break;                         \
+#define NQ_CASES(KT, VT)                                                                 \
+    switch (nq) {                                                                        \
+    case 1: block_step(KT, VT, 1, c, q, o, m, l, idx, nv); break;                        \
+    case 2: block_step(KT, VT, 2, c, q, o, m, l, idx, nv); break;                        \
+    case 3: block_step(KT, VT, 3, c, q, o, m, l, idx, nv); break;                        \
+    case 4: block_step(KT, VT, 4, c, q, o, m, l, idx, nv); break;                        \
+    case 5: block_step(KT, VT, 5, c, q, o, m, l, idx, nv); break;                        \
+    case 6: block_step(KT, VT, 6, c, q, o, m, l, idx, nv); break;                        \
+    case 7: block_step(KT, VT, 7, c, q, o, m, l, idx, nv); break;                        \
+    default: block_step(KT, VT, 8, c, q, o, m, l, idx, nv); break;                       \
     }
 #define VT_CASES(KT)                                                                     \
     switch (vt) {                                                                        \
-    case G4_KV_F32: NT_CASES(KT, G4_KV_F32) break;                                       \
-    case G4_KV_F16: NT_CASES(KT, G4_KV_F16) break;                                       \
-    case G4_KV_Q8_0: NT_CASES(KT, G4_KV_Q8_0) break;                                     \
-    default: NT_CASES(KT, G4_KV_Q4_0) break;                                             \
+    case G4_KV_F32: NQ_CASES(KT, G4_KV_F32) break;                                       \
+    case G4_KV_F16: NQ_CASES(KT, G4_KV_F16) break;                                       \
+    case G4_KV_Q8_0: NQ_CASES(KT, G4_KV_Q8_0) break;                                     \
+    default: NQ_CASES(KT, G4_KV_Q4_0) break;                                             \
     }
 
-/* One (row, block) step, specialised for the K type, V type and head-tile size. */
-static void step(int kt, int vt, int nt, const tile_ctx *c, const float *const *q, float *const *o,
-                 row_state *st, const int64_t *idx, int nv) {
+/* One block step, specialised for the K type, V type and tile size. */
+static void step(int kt, int vt, int nq, const tile_ctx *c, const float *const *q, float *const *o, float *m,
+                 float *l, const int64_t *idx, int nv) {
     switch (kt) {
     case G4_KV_F32: VT_CASES(G4_KV_F32) break;
     case G4_KV_F16: VT_CASES(G4_KV_F16) break;
@@ -215,49 +216,62 @@ static void step(int kt, int vt, int nt, const tile_ctx *c, const float *const *
     }
 }
 
+#define MAXG 64 /* heads per kv head handled in one pass (more: several passes over the group) */
+
 static void flash_attn_avx512(const g4_attn_args *a, int64_t i0, int64_t i1, int h0, int h1) {
     const int hd = a->hd, G = a->n_head / a->n_head_kv;
     const size_t hbk = g4_kv_head_bytes(a->k_type, hd), hbv = g4_kv_head_bytes(a->v_type, hd);
     for (int64_t r0 = i0; r0 < i1; r0 += G4_ATTN_ROW_TILE) {
         const int nr = (int)(i1 - r0 < G4_ATTN_ROW_TILE ? i1 - r0 : G4_ATTN_ROW_TILE);
         for (int g = h0 / G; g * G < h1; g++) {
-            const int hs = g * G > h0 ? g * G : h0, he = (g + 1) * G < h1 ? (g + 1) * G : h1;
+            const int hs0 = g * G > h0 ? g * G : h0, he0 = (g + 1) * G < h1 ? (g + 1) * G : h1;
             const tile_ctx c = {a, (const uint8_t *)a->k, (const uint8_t *)a->v, (size_t)g * hbk, (size_t)g * hbv,
-                               hd / 32};
-            for (int t0 = hs; t0 < he; t0 += G4_ATTN_HEAD_TILE) {
-                const int nt = he - t0 < G4_ATTN_HEAD_TILE ? he - t0 : G4_ATTN_HEAD_TILE;
-                row_state st[G4_ATTN_ROW_TILE];
-                const float *q[G4_ATTN_ROW_TILE][G4_ATTN_HEAD_TILE];
-                float *o[G4_ATTN_ROW_TILE][G4_ATTN_HEAD_TILE];
+                               hd / 32, hbk, hbv};
+            for (int hs = hs0; hs < he0; hs += MAXG) {
+                const int nh = he0 - hs < MAXG ? he0 - hs : MAXG;
+                /* pairs (r, t) in row-major order: pair r * nh + t */
+                float m[G4_ATTN_ROW_TILE * MAXG], l[G4_ATTN_ROW_TILE * MAXG];
+                const float *qp[G4_ATTN_ROW_TILE * MAXG];
+                float *op[G4_ATTN_ROW_TILE * MAXG];
                 for (int r = 0; r < nr; r++)
-                    for (int t = 0; t < nt; t++) {
-                        st[r].m[t] = -INFINITY;
-                        st[r].l[t] = 0.0f;
-                        q[r][t] = a->q + (r0 + r) * a->q_stride + (int64_t)(t0 + t) * hd;
-                        o[r][t] = a->out + (r0 + r) * a->out_stride + (int64_t)(t0 + t) * hd;
-                        memset(o[r][t], 0, (size_t)hd * sizeof(float));
+                    for (int t = 0; t < nh; t++) {
+                        const int u = r * nh + t;
+                        m[u] = -INFINITY;
+                        l[u] = 0.0f;
+                        qp[u] = a->q + (r0 + r) * a->q_stride + (int64_t)(hs + t) * hd;
+                        op[u] = a->out + (r0 + r) * a->out_stride + (int64_t)(hs + t) * hd;
+                        memset(op[u], 0, (size_t)hd * sizeof(float));
                     }
                 for (int64_t s0 = 0; s0 < a->n_slots; s0 += G4_ATTN_BLOCK) {
                     const int64_t s1 = s0 + G4_ATTN_BLOCK < a->n_slots ? s0 + G4_ATTN_BLOCK : a->n_slots;
+                    int64_t idx[G4_ATTN_ROW_TILE][G4_ATTN_BLOCK];
+                    int nv[G4_ATTN_ROW_TILE];
                     for (int r = 0; r < nr; r++) {
-                        const int32_t qp = a->q_pos[r0 + r];
-                        int64_t idx[G4_ATTN_BLOCK];
-                        int nv = 0;
+                        const int32_t qpos = a->q_pos[r0 + r];
+                        nv[r] = 0;
                         for (int64_t s = s0; s < s1; s++) {
                             const int32_t kp = a->kv_pos[s];
-                            if (kp >= 0 && kp <= qp && (a->window == 0 || (int64_t)qp - kp < (int64_t)a->window))
-                                idx[nv++] = s;
+                            if (kp >= 0 && kp <= qpos && (a->window == 0 || (int64_t)qpos - kp < (int64_t)a->window))
+                                idx[r][nv[r]++] = s;
                         }
-                        if (nv) step(a->k_type, a->v_type, nt, &c, q[r], o[r], &st[r], idx, nv);
+                    }
+                    /* runs of consecutive rows with the same visible slots share tiles */
+                    for (int r = 0; r < nr;) {
+                        int re = r + 1;
+                        while (re < nr && nv[re] == nv[r] && !memcmp(idx[re], idx[r], (size_t)nv[r] * sizeof(int64_t))) re++;
+                        if (nv[r])
+                            for (int u = r * nh; u < re * nh; u += QT) {
+                                const int nq = re * nh - u < QT ? re * nh - u : QT;
+                                step(a->k_type, a->v_type, nq, &c, qp + u, op + u, m + u, l + u, idx[r], nv[r]);
+                            }
+                        r = re;
                     }
                 }
-                for (int r = 0; r < nr; r++)
-                    for (int t = 0; t < nt; t++) {
-                        if (!(st[r].l[t] > 0.0f)) continue;
-                        const __m512 l = _mm512_set1_ps(st[r].l[t]);
-                        for (int d = 0; d < hd; d += 16)
-                            _mm512_storeu_ps(o[r][t] + d, _mm512_div_ps(_mm512_loadu_ps(o[r][t] + d), l));
-                    }
+                for (int u = 0; u < nr * nh; u++) {
+                    if (!(l[u] > 0.0f)) continue;
+                    const __m512 lv = _mm512_set1_ps(l[u]);
+                    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(op[u] + d, _mm512_div_ps(_mm512_loadu_ps(op[u] + d), lv));
+                }
             }
         }
     }
