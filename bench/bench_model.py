@@ -193,8 +193,9 @@ def ours_prefill(m, n: int, runs: int, cpus) -> dict:
 
 
 class CTimer:
-    """Wraps every function of gemma4cpu._kernels and gemma4cpu.kernels.matmul's pool call with a
-    timer (restored on exit). `total` = seconds inside C, `by` = {name: [calls, seconds]}."""
+    """Wraps every function of gemma4cpu._kernels, gemma4cpu.kernels.matmul's pool call and
+    Model._mm's direct pool call (gemma4cpu.model._pool_matmul) with a timer (restored on exit).
+    `total` = seconds inside C, `by` = {name: [calls, seconds]}."""
 
     # not kernels: metadata look-ups and ISA switches stay on the Python side of the split
     SKIP = {"Pool", "np", "threading", "TYPE_IDS", "ISA_NAMES", "KV_TYPES", "type_info", "act_row_bytes",
@@ -246,6 +247,11 @@ class CTimer:
             return out
         self._saved.append((K, "matmul", real))
         K.matmul = matmul
+        # Model._mm's direct path (one C call per product) goes through this hook instead
+        from gemma4cpu import model as M
+        if hasattr(M, "_pool_matmul"):
+            self._saved.append((M, "_pool_matmul", M._pool_matmul))
+            M._pool_matmul = self._wrap("Pool.matmul", M._pool_matmul)
         return self
 
     def __exit__(self, *exc):
