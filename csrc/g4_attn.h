@@ -60,7 +60,8 @@ extern const g4_attn_kernels g4_attn_avx512;
  * online-softmax rescale happens once per block that holds a visible slot. Every (row, head)
  * runs the same operation sequence whatever n_q, [i0, i1), [h0, h1) or the thread split, so a
  * row's output never depends on the other rows of the call (bit for bit, within one ISA).
- * Query heads that share a kv head are processed together (tiles of up to G4_ATTN_HEAD_TILE) so
+ * Query heads that share a kv head are processed together (tiles of up to G4_ATTN_HEAD_TILE; the
+ * avx512 kernel's tiles take up to 8 (row, head) pairs across the rows that see the same slots) so
  * each K/V row is read once per tile; up to G4_ATTN_ROW_TILE rows sweep each block together. */
 #define G4_ATTN_BLOCK 64
 #define G4_ATTN_HEAD_TILE 4

@@ -17,8 +17,9 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
-/* exp of 4 lanes, t clamped to [-87, 89] (above ~88.7: +inf): k = round(t / ln 2) by the 1.5 * 2^23 trick, r = t - k ln 2
- * in two parts, the Cephes polynomial, times 2^k (k in [-126, 127]) */
+/* exp of 4 lanes, t clamped to [-87, 89] (above ~88.7: +inf): k = round(t / ln 2) by the
+ * 1.5 * 2^23 trick, r = t - k ln 2 in two parts, the Cephes polynomial, times 2^k (k in [-126, 128];
+ * k = 128 gives the +inf bit pattern) */
 static inline __m128 g4_expf4(__m128 t) {
     t = _mm_max_ps(_mm_min_ps(t, _mm_set1_ps(89.0f)), _mm_set1_ps(-87.0f));
     const __m128 M = _mm_set1_ps(12582912.0f);

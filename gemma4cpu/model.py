@@ -238,18 +238,16 @@ class Model:
     def _mm(self, m: Mat, x: np.ndarray) -> np.ndarray:
         pool = self._pool
         tok_step, row_step = _call_slices(x.shape[0], m.n_out, m.n_in, m.rows.shape[1], pool.size)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], m.n_out), np.float32)
         if tok_step >= x.shape[0] and row_step >= m.n_out:
             # straight to the pool: m.rows was checked when the weights were loaded, so the
             # kernels.matmul wrapper's per-call checks (type lookups, row view) are skipped; ~126
             # products per 270M token made them ~4 % of a decode step
-            x = np.ascontiguousarray(x, dtype=np.float32)
-            out = np.empty((x.shape[0], m.n_out), np.float32)
             _pool_matmul(pool, m.type_id, m.rows, m.n_in, x, out, 0, m.n_out, m.placement)
             return out
         # a product too big for one C call (see call_slices): token slices, then row slices, all
         # bit-identical to the one call (every row and every token is computed on its own)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        out = np.empty((x.shape[0], m.n_out), np.float32)
         for t0 in range(0, x.shape[0], tok_step):
             xs, ys = x[t0:t0 + tok_step], out[t0:t0 + tok_step]
             for r0 in range(0, m.n_out, row_step):

@@ -87,6 +87,9 @@ AI void attn_prefetch(const uint8_t *p, size_t n, const int hint) {
  * float operations and their order are those of a lone pair, so grouping never changes a bit. */
 #define QT 8
 
+/* lanes of a 16-slot piece that hold slots of the block (n = slots left from this piece on) */
+AI __mmask16 slot_mask(int n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1); }
+
 typedef struct {
     const g4_attn_args *a;
     const uint8_t *K, *V;
@@ -133,7 +136,7 @@ AI void block_step(const int kt, const int vt, const int NQ, const tile_ctx *c, 
          * much as the scores of a lone pair) */
         __m512 mv = _mm512_set1_ps(-INFINITY);
         for (int j = 0; j < nv; j += 16)
-            mv = _mm512_mask_max_ps(mv, (__mmask16)(nv - j >= 16 ? 0xFFFF : (1u << (nv - j)) - 1), mv, _mm512_load_ps(&p[t][j]));
+            mv = _mm512_mask_max_ps(mv, slot_mask(nv - j), mv, _mm512_load_ps(&p[t][j]));
         const float mb = _mm512_reduce_max_ps(mv);
         const float mo = mst[t], mn = mo > mb ? mo : mb;
         alpha[t] = mo == -INFINITY ? 0.0f : exp1(mo - mn);
@@ -142,7 +145,7 @@ AI void block_step(const int kt, const int vt, const int NQ, const tile_ctx *c, 
         for (int j = 0; j < nv; j += 16) {
             const __m512 e = exp_ps(_mm512_sub_ps(_mm512_load_ps(&p[t][j]), vm));
             _mm512_store_ps(&p[t][j], e);
-            sv = _mm512_mask_add_ps(sv, (__mmask16)(nv - j >= 16 ? 0xFFFF : (1u << (nv - j)) - 1), sv, e);
+            sv = _mm512_mask_add_ps(sv, slot_mask(nv - j), sv, e);
         }
         const float sum = _mm512_reduce_add_ps(sv);
         lst[t] = lst[t] * alpha[t] + sum;
