@@ -14,7 +14,8 @@
  */
 #include "avx512.h"
 
-#define XS 320                   /* buffer bytes per (block, token): 256 permuted qs + 64 bsums */
+#define XS 256                   /* buffer bytes per (block, token): the permuted qs */
+#define XM 256                   /* buffer bytes per block: the bsum pairs of the M product, 4 x 16 lanes */
 #define XBUF (112 * 1024)        /* stack budget for the permuted activations of one chunk */
 /* Prefetch, per row of a group: the same block of the same row in the next row tile (G4X_KTILE rows,
  * ~48 KiB ahead at k = 5376) into L2, and one block ahead in this row into L1. A/B in one process,
@@ -28,13 +29,14 @@
 #ifndef G4X_KTILE
 #define G4X_KTILE 16 /* rows per tile (16..64) */
 #endif
-#ifndef G4X_BLOCKMODE
-#define G4X_BLOCKMODE 0
-#endif
 
-/* copy activations of blocks [c0, c0+kc) of n tokens into the permuted buffer */
-static void k_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, uint8_t *xp, float *dx) {
-    for (int b = 0; b < kc; b++)
+/* Copy activations of blocks [c0, c0+kc) of n tokens into the permuted buffer xp, their scales into dx,
+ * and for the M product the 32-element bsums into xm: dword q of lane i of block b holds
+ * (bsum32[2q], bsum32[2q+1]) of token tokof[i] as two int16 (|bsum32| <= 32 * 128 fits). */
+static void k_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, uint8_t *xp, float *dx, uint32_t *xm,
+                      const int *tokof) {
+    for (int b = 0; b < kc; b++) {
+        uint32_t pr[16][4];
         for (int t = 0; t < n; t++) {
             const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xrb) + c0 + b;
             uint64_t *d = (uint64_t *)(xp + ((size_t)b * n + t) * XS);
@@ -42,11 +44,16 @@ static void k_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, u
             memcpy(s, xb->qs, 256);
             for (int v = 0; v < 4; v++)
                 for (int j = 0; j < 8; j++) d[8 * v + j] = s[4 * j + v];
-            uint64_t bs[4];
-            memcpy(bs, xb->bsums, 32);
-            for (int q = 0; q < 4; q++) d[32 + 2 * q] = d[32 + 2 * q + 1] = bs[q];
+            for (int q = 0; q < 4; q++) {
+                const int16_t lo = (int16_t)(xb->bsums[4 * q] + xb->bsums[4 * q + 1]);
+                const int16_t hi = (int16_t)(xb->bsums[4 * q + 2] + xb->bsums[4 * q + 3]);
+                pr[t][q] = (uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16);
+            }
             dx[b * 16 + t] = xb->d;
         }
+        for (int q = 0; q < 4; q++)
+            for (int i = 0; i < 16; i++) xm[(size_t)b * 64 + q * 16 + i] = pr[tokof[i]][q];
+    }
 }
 
 /* lane i of the reduced vectors holds item it(i) (see g4x_merge tree below) */
@@ -64,12 +71,10 @@ G4_AI void k_unpack_scales(const uint8_t *s12, uint64_t *sc8, uint64_t *mn8) {
     *mn8 = (uint64_t)m03 | ((uint64_t)m47 << 32);
 }
 
-/* One group of R = 16/NT rows x NT tokens over blocks [0, kc) of the chunk. Q5 selects Q5_K. */
+/* One group of R = 16/NT rows x NT tokens, block b of the chunk. Q5 selects Q5_K. */
 G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const uint8_t *xp, const float *dx,
-                   const int b, __m512 *accp, const __m512i rowidx, const __m512i tokidx, const int BM,
-                   const int *xblk, const size_t pfrow) {
-    /* BM (block mode): the R "rows" are R consecutive blocks of one weight row (xblk[i] = the
-     * activation block of item row i), and *accp receives the 16 per-item terms instead of a sum. */
+                   const uint32_t *xm, const int b, __m512 *accp, const __m512i rowidx, const __m512i tokidx,
+                   const size_t pfrow) {
     const int R = 16 / NT, NI = R * NT;
     const size_t BB = Q5 ? 176 : 144;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -80,115 +85,128 @@ G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const
         -1, 13, -1, 13, -1, 12, -1, 12, -1, 5, -1, 5, -1, 4, -1, 4,
         -1, 11, -1, 11, -1, 10, -1, 10, -1, 3, -1, 3, -1, 2, -1, 2,
         -1, 9, -1, 9, -1, 8, -1, 8, -1, 1, -1, 1, -1, 0, -1, 0);
-    __m512 acc = *accp;
-    {
-        __m512i Sv[8], Mv[8];
-        uint32_t dwm[16];
-        /* pending first item of a pair */
-        __m512i Pa = _mm512_setzero_si512(), Pa2 = _mm512_setzero_si512();
-        uint64_t Psc = 0, Pmn = 0;
-        int Pt = 0, Pb = 0;
+    __m512i Sv[8];
+    uint32_t dwm[16];
+    _Alignas(64) uint64_t mnr[16]; /* the 8 mins of each row (bytes); rows >= R are never read by a lane */
+    /* pending first item of a pair */
+    __m512i Pa = _mm512_setzero_si512(), Pa2 = _mm512_setzero_si512();
+    uint64_t Psc = 0;
 #pragma GCC unroll 16
-        for (int i = 0; i < R; i++) {
-            const uint8_t *blk = wrow[i] + (BM ? 0 : (size_t)b * BB);
-            const int xbi = BM ? xblk[i] : b;
-            if (!BM) { /* may point past the matrix: prefetches do not fault */
-                const char *nx = (const char *)blk + pfrow;
-                _mm_prefetch(nx, _MM_HINT_T1);
-                _mm_prefetch(nx + 64, _MM_HINT_T1);
-                _mm_prefetch(nx + 128, _MM_HINT_T1);
-            }
-            if (G4X_PF > 0) {
-                _mm_prefetch((const char *)blk + G4X_PF * BB, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk + G4X_PF * BB + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk + G4X_PF * BB + 128, _MM_HINT_T0);
-            }
-            uint64_t sc8, mn8;
-            k_unpack_scales(blk + 4, &sc8, &mn8);
-            memcpy(&dwm[i], blk, 4);
-            const uint8_t *qs = blk + (Q5 ? 48 : 16);
-            const __m512i Q0 = _mm512_loadu_si512(qs), Q1 = _mm512_loadu_si512(qs + 64);
-            __m512i W[4];
+    for (int i = 0; i < R; i++) {
+        const uint8_t *blk = wrow[i] + (size_t)b * BB;
+        { /* may point past the matrix: prefetches do not fault */
+            const char *nx = (const char *)blk + pfrow;
+            _mm_prefetch(nx, _MM_HINT_T1);
+            _mm_prefetch(nx + 64, _MM_HINT_T1);
+            _mm_prefetch(nx + 128, _MM_HINT_T1);
+        }
+        if (G4X_PF > 0) {
+            _mm_prefetch((const char *)blk + G4X_PF * BB, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + G4X_PF * BB + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + G4X_PF * BB + 128, _MM_HINT_T0);
+        }
+        uint64_t sc8, mn8;
+        k_unpack_scales(blk + 4, &sc8, &mn8);
+        mnr[i] = mn8;
+        memcpy(&dwm[i], blk, 4);
+        const uint8_t *qs = blk + (Q5 ? 48 : 16);
+        const __m512i Q0 = _mm512_loadu_si512(qs), Q1 = _mm512_loadu_si512(qs + 64);
+        __m512i W[4];
 #pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) {
-                const __m512i idx = _mm512_setr_epi64(v, v, 4 + v, 4 + v, 8 + v, 8 + v, 12 + v, 12 + v);
-                W[v] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(Q0, idx, Q1), sh), m4);
-                if (Q5) {
-                    uint64_t qh;
-                    memcpy(&qh, blk + 16 + 8 * v, 8);
-                    const __m512i hq = _mm512_set1_epi64((long long)qh);
-                    /* byte p of vector v: sub-block j = p/8, element 8v + p%8 -> bit j of qh[8v + p%8] */
-                    const __m512i bm = _mm512_set_epi64(0x8080808080808080ll, 0x4040404040404040ll, 0x2020202020202020ll,
-                                                        0x1010101010101010ll, 0x0808080808080808ll, 0x0404040404040404ll,
-                                                        0x0202020202020202ll, 0x0101010101010101ll);
-                    W[v] = _mm512_mask_add_epi8(W[v], _mm512_test_epi8_mask(hq, bm), W[v], _mm512_set1_epi8(16));
-                }
+        for (int v = 0; v < 4; v++) {
+            const __m512i idx = _mm512_setr_epi64(v, v, 4 + v, 4 + v, 8 + v, 8 + v, 12 + v, 12 + v);
+            W[v] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(Q0, idx, Q1), sh), m4);
+            if (Q5) {
+                uint64_t qh;
+                memcpy(&qh, blk + 16 + 8 * v, 8);
+                const __m512i hq = _mm512_set1_epi64((long long)qh);
+                /* byte p of vector v: sub-block j = p/8, element 8v + p%8 -> bit j of qh[8v + p%8] */
+                const __m512i bm = _mm512_set_epi64(0x8080808080808080ll, 0x4040404040404040ll, 0x2020202020202020ll,
+                                                    0x1010101010101010ll, 0x0808080808080808ll, 0x0404040404040404ll,
+                                                    0x0202020202020202ll, 0x0101010101010101ll);
+                W[v] = _mm512_mask_add_epi8(W[v], _mm512_test_epi8_mask(hq, bm), W[v], _mm512_set1_epi8(16));
             }
-            __m512i scp_row = _mm512_setzero_si512(), mnp_row = _mm512_setzero_si512();
-            if (NT % 2 == 0) {
-                scp_row = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set1_epi64x((long long)sc8)), pat);
-                mnp_row = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set1_epi64x((long long)mn8)), pat);
-            }
+        }
+        __m512i scp_row = _mm512_setzero_si512();
+        if (NT % 2 == 0) scp_row = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set1_epi64x((long long)sc8)), pat);
 #pragma GCC unroll 16
-            for (int t = 0; t < NT; t++) {
-                const int it = i * NT + t;
-                const uint8_t *xv = xp + ((size_t)xbi * NT + t) * XS;
-                __m512i Dv, Dv2 = _mm512_setzero_si512();
-                if (!Q5) {
-                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
-                    d = _mm512_dpbusd_epi32(d, W[1], _mm512_loadu_si512(xv + 64));
-                    d = _mm512_dpbusd_epi32(d, W[2], _mm512_loadu_si512(xv + 128));
-                    Dv = _mm512_dpbusd_epi32(d, W[3], _mm512_loadu_si512(xv + 192));
-                } else { /* 5-bit weights: two chains so every lane fits int16 */
-                    const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
-                    const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[2], _mm512_loadu_si512(xv + 128));
-                    Dv = _mm512_dpbusd_epi32(d0, W[1], _mm512_loadu_si512(xv + 64));
-                    Dv2 = _mm512_dpbusd_epi32(d1, W[3], _mm512_loadu_si512(xv + 192));
-                }
-                if (it % 2 == 0 && it + 1 < NI) { Pa = Dv; Pa2 = Dv2; Psc = sc8; Pmn = mn8; Pt = t; Pb = xbi; continue; }
-                /* finish pair p = it / 2: (pending, this) or (this, nothing) */
-                const int p = it / 2, single = it % 2 == 0;
-                const __m512i da = single ? Dv : Pa, db = single ? _mm512_setzero_si512() : Dv;
-                const __m512i da2 = single ? Dv2 : Pa2, db2 = single ? _mm512_setzero_si512() : Dv2;
-                const int ta = single ? t : Pt, xba = single ? xbi : Pb;
-                __m512i scp, mnp;
-                if (NT % 2 == 0) { scp = scp_row; mnp = mnp_row; }
-                else {
-                    const uint64_t sa = single ? sc8 : Psc, ma = single ? mn8 : Pmn;
-                    scp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)sc8, (long long)sa)), pat);
-                    mnp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)mn8, (long long)ma)), pat);
-                }
-                __m512i s = _mm512_madd_epi16(_mm512_packs_epi32(da, db), scp);
-                if (Q5) s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_packs_epi32(da2, db2), scp));
-                Sv[p] = s;
-                const __m512i bsa = _mm512_loadu_si512(xp + ((size_t)xba * NT + ta) * XS + 256);
-                const __m512i bs = single ? _mm512_maskz_mov_epi64(0x55, bsa)
-                                          : _mm512_mask_loadu_epi64(bsa, 0xAA, xp + ((size_t)xbi * NT + t) * XS + 256);
-                Mv[p] = _mm512_madd_epi16(bs, mnp);
+        for (int t = 0; t < NT; t++) {
+            const int it = i * NT + t;
+            const uint8_t *xv = xp + ((size_t)b * NT + t) * XS;
+            __m512i Dv, Dv2 = _mm512_setzero_si512();
+            if (!Q5) {
+                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
+                d = _mm512_dpbusd_epi32(d, W[1], _mm512_loadu_si512(xv + 64));
+                d = _mm512_dpbusd_epi32(d, W[2], _mm512_loadu_si512(xv + 128));
+                Dv = _mm512_dpbusd_epi32(d, W[3], _mm512_loadu_si512(xv + 192));
+            } else { /* 5-bit weights: two chains so every lane fits int16 */
+                const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
+                const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[2], _mm512_loadu_si512(xv + 128));
+                Dv = _mm512_dpbusd_epi32(d0, W[1], _mm512_loadu_si512(xv + 64));
+                Dv2 = _mm512_dpbusd_epi32(d1, W[3], _mm512_loadu_si512(xv + 192));
             }
+            if (it % 2 == 0 && it + 1 < NI) { Pa = Dv; Pa2 = Dv2; Psc = sc8; continue; }
+            /* finish pair p = it / 2: (pending, this) or (this, nothing) */
+            const int p = it / 2, single = it % 2 == 0;
+            const __m512i da = single ? Dv : Pa, db = single ? _mm512_setzero_si512() : Dv;
+            const __m512i da2 = single ? Dv2 : Pa2, db2 = single ? _mm512_setzero_si512() : Dv2;
+            __m512i scp;
+            if (NT % 2 == 0) scp = scp_row;
+            else {
+                const uint64_t sa = single ? sc8 : Psc;
+                scp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)sc8, (long long)sa)), pat);
+            }
+            __m512i s = _mm512_madd_epi16(_mm512_packs_epi32(da, db), scp);
+            if (Q5) s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_packs_epi32(da2, db2), scp));
+            Sv[p] = s;
         }
-        for (int p = (NI + 1) / 2; p < 8; p++) Sv[p] = Mv[p] = _mm512_setzero_si512();
-        __m512i U[4], V[4], T[2], X[2];
-        for (int u = 0; u < 4; u++) { U[u] = g4x_merge(Sv[2 * u], Sv[2 * u + 1], 1); V[u] = g4x_merge(Mv[2 * u], Mv[2 * u + 1], 1); }
-        for (int u = 0; u < 2; u++) { T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 4); X[u] = g4x_merge(V[2 * u], V[2 * u + 1], 4); }
-        const __m512i S = g4x_merge(T[0], T[1], 8), M = g4x_merge(X[0], X[1], 8);
-        __m512i dm;
-        if (R == 1) dm = _mm512_set1_epi32((int)dwm[0]);
-        else dm = _mm512_permutexvar_epi32(rowidx, _mm512_loadu_si512(dwm));
-        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
-        const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
-        __m512 d8;
-        if (BM) {
-            const __m512i xb = _mm512_permutexvar_epi32(rowidx, _mm512_loadu_si512(xblk));
-            d8 = _mm512_i32gather_ps(_mm512_add_epi32(_mm512_slli_epi32(xb, 4), tokidx), dx, 4);
-        } else {
-            d8 = NT == 1 ? _mm512_set1_ps(dx[b * 16]) : _mm512_permutexvar_ps(tokidx, _mm512_loadu_ps(dx + b * 16));
-        }
-        const __m512 dd = _mm512_mul_ps(dw, d8), dmm = _mm512_mul_ps(dmin, d8);
-        const __m512 tv = _mm512_sub_ps(_mm512_mul_ps(dd, _mm512_cvtepi32_ps(S)), _mm512_mul_ps(dmm, _mm512_cvtepi32_ps(M)));
-        acc = BM ? tv : _mm512_add_ps(acc, tv);
     }
-    *accp = acc;
+    for (int p = (NI + 1) / 2; p < 8; p++) Sv[p] = _mm512_setzero_si512();
+    __m512i U[4], T[2];
+    for (int u = 0; u < 4; u++) U[u] = g4x_merge(Sv[2 * u], Sv[2 * u + 1], 1);
+    for (int u = 0; u < 2; u++) T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 4);
+    const __m512i S = g4x_merge(T[0], T[1], 8);
+    /* M = sum_j m_j * bsum32_j directly in the item lane order: 4 vpdpwssd over (mins of row(i)) x (bsum
+     * pairs of token(i), laid out per lane by k_prepare). Z holds the mins widened to int16, so that dword
+     * 4r + q of the mins vectors is (m_2q, m_2q+1) of row r. */
+    const __m512i ridx = _mm512_slli_epi32(rowidx, 2);
+    __m512i M = _mm512_setzero_si512();
+    if (R <= 4) {
+        const __m512i Z = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)mnr));
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+            M = _mm512_dpwssd_epi32(M, _mm512_permutexvar_epi32(_mm512_add_epi32(ridx, _mm512_set1_epi32(q)), Z),
+                                    _mm512_load_si512(xm + (size_t)b * 64 + q * 16));
+    } else if (R <= 8) {
+        const __m512i Z0 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)mnr));
+        const __m512i Z1 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(mnr + 4)));
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+            M = _mm512_dpwssd_epi32(M, _mm512_permutex2var_epi32(Z0, _mm512_add_epi32(ridx, _mm512_set1_epi32(q)), Z1),
+                                    _mm512_load_si512(xm + (size_t)b * 64 + q * 16));
+    } else {
+        const __m512i Z0 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)mnr));
+        const __m512i Z1 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(mnr + 4)));
+        const __m512i Z2 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(mnr + 8)));
+        const __m512i Z3 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(mnr + 12)));
+        const __mmask16 hi = _mm512_cmpge_epi32_mask(rowidx, _mm512_set1_epi32(8));
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            const __m512i ix = _mm512_add_epi32(ridx, _mm512_set1_epi32(q));
+            const __m512i A = _mm512_mask_blend_epi32(hi, _mm512_permutex2var_epi32(Z0, ix, Z1),
+                                                      _mm512_permutex2var_epi32(Z2, ix, Z3));
+            M = _mm512_dpwssd_epi32(M, A, _mm512_load_si512(xm + (size_t)b * 64 + q * 16));
+        }
+    }
+    __m512i dm;
+    if (R == 1) dm = _mm512_set1_epi32((int)dwm[0]);
+    else dm = _mm512_permutexvar_epi32(rowidx, _mm512_loadu_si512(dwm));
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+    const __m512 d8 = NT == 1 ? _mm512_set1_ps(dx[b * 16]) : _mm512_permutexvar_ps(tokidx, _mm512_loadu_ps(dx + b * 16));
+    const __m512 dd = _mm512_mul_ps(dw, d8), dmm = _mm512_mul_ps(dmin, d8);
+    const __m512 tv = _mm512_sub_ps(_mm512_mul_ps(dd, _mm512_cvtepi32_ps(S)), _mm512_mul_ps(dmm, _mm512_cvtepi32_ps(M)));
+    *accp = _mm512_add_ps(*accp, tv);
 }
 
 G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
@@ -197,12 +215,14 @@ G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, cons
     const int G = G4X_KTILE / R; /* groups per row tile: the tile's rows share each block's activations in L1 */
     const size_t BB = Q5 ? 176 : 144;
     const int64_t nb = k / QK_K;
-    int KC = XBUF / (NT * XS);
+    enum { KCMAX = XBUF / (XS + XM) };
+    int KC = XBUF / (NT * XS + XM);
     if (KC > nb) KC = (int)nb;
+    /* one buffer: the permuted qs of KC blocks x NT tokens, then the KC blocks' bsum pairs */
     _Alignas(64) uint8_t xp[XBUF];
-    _Alignas(64) float dx[(XBUF / XS) * 16];
-    int rowof[16], tokof[16], valid[16], laneof[16];
-    for (int i = 0; i < 16; i++) laneof[k_item_of_lane(i)] = i;
+    uint32_t *const xm = (uint32_t *)(xp + (size_t)KC * NT * XS);
+    _Alignas(64) float dx[KCMAX * 16];
+    int rowof[16], tokof[16], valid[16];
     for (int i = 0; i < 16; i++) {
         const int it = k_item_of_lane(i);
         valid[i] = it < NI;
@@ -212,31 +232,7 @@ G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, cons
     const __m512i rowidx = _mm512_loadu_si512(rowof), tokidx = _mm512_loadu_si512(tokof);
     for (int64_t c0 = 0; c0 < nb; c0 += KC) {
         const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
-        k_prepare(x, xrb, NT, c0, kc, xp, dx);
-        if (G4X_BLOCKMODE && kc >= R) { /* block mode: one weight row at a time (one memory stream), R blocks x NT tokens */
-            for (int64_t r = r0; r < r1; r++) {
-                float at[16];
-                for (int t = 0; t < NT; t++) at[t] = c0 > 0 ? y[t * ldy + r] : 0.0f;
-                const uint8_t *wr = w + (size_t)r * wrb + (size_t)c0 * BB;
-                for (int b0 = 0; b0 < kc; b0 += R) {
-                    const int cnt = kc - b0 < R ? kc - b0 : R;
-                    const uint8_t *wb[16];
-                    _Alignas(64) int xblk[16] = {0};
-                    for (int i = 0; i < R; i++) {
-                        xblk[i] = b0 + (i < cnt ? i : cnt - 1);
-                        wb[i] = wr + (size_t)xblk[i] * BB;
-                    }
-                    __m512 tv;
-                    k_block(NT, Q5, wb, xp, dx, 0, &tv, rowidx, tokidx, 1, xblk, 0);
-                    _Alignas(64) float a[16];
-                    _mm512_store_ps(a, tv);
-                    for (int i = 0; i < cnt; i++)
-                        for (int t = 0; t < NT; t++) at[t] = at[t] + a[laneof[i * NT + t]];
-                }
-                for (int t = 0; t < NT; t++) y[t * ldy + r] = at[t];
-            }
-            continue;
-        }
+        k_prepare(x, xrb, NT, c0, kc, xp, dx, xm, tokof);
         for (int64_t rt = r0; rt < r1; rt += (int64_t)G * R) {
             const int ng = (int)((r1 - rt + R - 1) / R < G ? (r1 - rt + R - 1) / R : G);
             const uint8_t *wrow[64][16];
@@ -250,7 +246,7 @@ G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, cons
                 acc[g] = g4x_items_load(y, ldy, r, nr, c0, valid, rowof, tokof);
             }
             for (int b = 0; b < kc; b++)
-                for (int g = 0; g < ng; g++) k_block(NT, Q5, wrow[g], xp, dx, b, &acc[g], rowidx, tokidx, 0, NULL, (size_t)G * R * wrb);
+                for (int g = 0; g < ng; g++) k_block(NT, Q5, wrow[g], xp, dx, xm, b, &acc[g], rowidx, tokidx, (size_t)G * R * wrb);
             for (int g = 0; g < ng; g++)
                 g4x_items_store(y, ldy, rt + (int64_t)g * R, nrs[g], acc[g], valid, rowof, tokof);
         }
