@@ -8,9 +8,10 @@
  * 8v..8v+7 of each of the 8 sub-blocks. The weight nibbles are unpacked to the same order
  * (one vpermt2q + shift + and per vector), so one vpdpbusd chain of 4 gives a vector whose int32
  * lane l belongs to sub-block l/2 for every lane: the scales are then applied with a single
- * vpackssdw + vpmaddwd for two (row, token) items at once, and the mins likewise from bsums.
- * 16 items (rows x tokens of one block) are reduced together by a transposed merge tree and the
- * per-block float ops run on 16 lanes. Each weight block is loaded and unpacked once for all tokens.
+ * vpackssdw + vpmaddwd for two (row, token) items at once. 16 items (rows x tokens of one block)
+ * are reduced together by a transposed merge tree; M needs no tree: 4 vpdpwssd of the rows' mins
+ * by the tokens' bsum pairs give it in the same item lane order. The per-block float ops run on
+ * 16 lanes. Each weight block is loaded and unpacked once for all tokens.
  */
 #include "avx512.h"
 
