@@ -70,3 +70,101 @@ def gelu_mul(g, u, float[:, ::1] out, Pool pool=None):
         with nogil:
             g4_gelu_mul(NULL, &gv[0, 0], gv.strides[0] // 4, &uv[0, 0], uv.strides[0] // 4, &out[0, 0],
                         out.shape[1], n, d)
+
+
+def norm_rope(const float[:, ::1] x, w, double eps, const float[:, ::1] cos, const float[:, ::1] sin,
+              Py_ssize_t heads, float[:, ::1] out):
+    """The q / k path of attention in one call: x (n * heads, hd) rows (token i // heads), each
+    RMS-normalised as rmsnorm_rows does (weight w, or none), then rotated NEOX style with row
+    i // heads of cos / sin (n, hd / 2): out[j] = a c - b s, out[j + hd/2] = b c + a s for
+    a = normed[j], b = normed[j + hd/2], every op in float32 exactly as model.apply_rope's numpy
+    expression (dims left unrotated have c = 1, s = 0). out may alias x."""
+    cdef Py_ssize_t rows = x.shape[0], d = x.shape[1], half = d // 2, i, j, t
+    if heads < 1 or rows % heads:
+        raise ValueError(f"norm_rope: {rows} rows are not a whole number of tokens of {heads} heads")
+    if d == 0 or d % 2:
+        raise ValueError(f"norm_rope: head dim must be even and > 0, got {d}")
+    if out.shape[0] != rows or out.shape[1] != d:
+        raise ValueError(f"norm_rope: out ({out.shape[0]}, {out.shape[1]}) != x ({rows}, {d})")
+    if cos.shape[0] != rows // heads or sin.shape[0] != rows // heads or cos.shape[1] != half or sin.shape[1] != half:
+        raise ValueError(f"norm_rope: cos/sin ({cos.shape[0]}, {cos.shape[1]}) / ({sin.shape[0]}, {sin.shape[1]}) "
+                         f"do not fit {rows // heads} tokens of head dim {d}")
+    cdef const float[::1] wv
+    cdef bint has_w = w is not None
+    if has_w:
+        wv = w
+        if wv.shape[0] != d:
+            raise ValueError(f"norm_rope: weight has {wv.shape[0]} values for rows of {d}")
+    cdef double acc
+    cdef float s, a, b, c, sn
+    with nogil:
+        for i in range(rows):
+            acc = 0.0
+            for j in range(d):
+                acc = acc + <double>x[i, j] * <double>x[i, j]
+            s = <float>(1.0 / sqrt(acc / d + eps))
+            if has_w:
+                for j in range(d):
+                    out[i, j] = (x[i, j] * s) * wv[j]
+            else:
+                for j in range(d):
+                    out[i, j] = x[i, j] * s
+            t = i // heads
+            for j in range(half):
+                a = out[i, j]
+                b = out[i, j + half]
+                c = cos[t, j]
+                sn = sin[t, j]
+                out[i, j] = a * c - b * sn
+                out[i, j + half] = b * c + a * sn
+
+
+def add_rmsnorm(float[:, ::1] x, const float[:, ::1] y, w, double eps, w2=None, float[:, ::1] out2=None):
+    """The residual step in one call: x[i] = x[i] + rmsnorm(y[i]) (weight w, or none; the same
+    float32 ops as rmsnorm_rows then numpy's x + r), in place; then, when out2 is given,
+    out2[i] = rmsnorm(x[i]) with weight w2 (or none): the next sub-layer's input norm."""
+    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], i, j
+    if y.shape[0] != n or y.shape[1] != d:
+        raise ValueError(f"add_rmsnorm: y ({y.shape[0]}, {y.shape[1]}) != x ({n}, {d})")
+    if d == 0:
+        raise ValueError("add_rmsnorm: rows must not be empty")
+    cdef bint norm2 = out2 is not None
+    if norm2 and (out2.shape[0] != n or out2.shape[1] != d):
+        raise ValueError(f"add_rmsnorm: out2 ({out2.shape[0]}, {out2.shape[1]}) != x ({n}, {d})")
+    cdef const float[::1] wv
+    cdef const float[::1] wv2
+    cdef bint has_w = w is not None, has_w2 = w2 is not None
+    if has_w:
+        wv = w
+        if wv.shape[0] != d:
+            raise ValueError(f"add_rmsnorm: weight has {wv.shape[0]} values for rows of {d}")
+    if has_w2:
+        wv2 = w2
+        if wv2.shape[0] != d:
+            raise ValueError(f"add_rmsnorm: second weight has {wv2.shape[0]} values for rows of {d}")
+    cdef double acc
+    cdef float s
+    with nogil:
+        for i in range(n):
+            acc = 0.0
+            for j in range(d):
+                acc = acc + <double>y[i, j] * <double>y[i, j]
+            s = <float>(1.0 / sqrt(acc / d + eps))
+            if has_w:
+                for j in range(d):
+                    x[i, j] = x[i, j] + (y[i, j] * s) * wv[j]
+            else:
+                for j in range(d):
+                    x[i, j] = x[i, j] + y[i, j] * s
+            if not norm2:
+                continue
+            acc = 0.0
+            for j in range(d):
+                acc = acc + <double>x[i, j] * <double>x[i, j]
+            s = <float>(1.0 / sqrt(acc / d + eps))
+            if has_w2:
+                for j in range(d):
+                    out2[i, j] = (x[i, j] * s) * wv2[j]
+            else:
+                for j in range(d):
+                    out2[i, j] = x[i, j] * s

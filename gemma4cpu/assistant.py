@@ -29,11 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gemma4cpu import _kernels
 from gemma4cpu import kernels as K
 from gemma4cpu.config import (ASSISTANT_ARCHS, MAX_DIM, MAX_HEAD_DIM, MAX_LAYERS, INT32_MAX, _is_int, meta_float,
                               meta_int, meta_per_layer)
 from gemma4cpu.gguf_io import GGUFFile, GGUFFormatError
-from gemma4cpu.model import apply_rope, gelu_mul, rmsnorm, rope_tables
+from gemma4cpu.model import gelu_mul, norm_rope, rmsnorm, rope_tables
 from gemma4cpu.weights import Mat, _vec
 
 _BACKBONE_KEYS = ("embedding_length_out", "backbone_embedding_length")
@@ -282,14 +283,14 @@ class Assistant:
             hd = tc.head_dim[T]
             cos, sin = rope_tables(P, hd, tc.rope_dim[T], tc.rope_base[T], tgt.w.layers[T].rope_freq_factors)
             a = rmsnorm(z, lw.attn_norm, cfg.eps)
-            q = self._mm(lw.attn_q, a).reshape(1, cfg.n_head, hd)
-            q = apply_rope(rmsnorm(q, lw.attn_q_norm, cfg.eps), cos, sin)
+            q = norm_rope(self._mm(lw.attn_q, a).reshape(1, cfg.n_head, hd), lw.attn_q_norm, cfg.eps, cos, sin)
             o = tgt.cache.attention(tgt.pool, T, q.reshape(1, -1), P.astype(np.int32), cfg.n_head,
                                     scale=1.0, window=lw.window)
-            z = z + rmsnorm(self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps)
-            fn = rmsnorm(z, lw.ffn_norm, cfg.eps)
+            # z += rmsnorm(o W_o); fn = rmsnorm(z, ffn_norm); z += rmsnorm(m): in place (z is our own)
+            fn = np.empty_like(z)
+            _kernels.add_rmsnorm(z, self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps, lw.ffn_norm, fn)
             m = self._mm(lw.ffn_down, gelu_mul(self._mm(lw.ffn_gate, fn), self._mm(lw.ffn_up, fn)))
-            z = z + rmsnorm(m, lw.post_ffw_norm, cfg.eps)
+            _kernels.add_rmsnorm(z, m, lw.post_ffw_norm, cfg.eps)
             if lw.layer_output_scale != 1.0:
                 z = z * np.float32(lw.layer_output_scale)
         zn = rmsnorm(z, self.output_norm, cfg.eps)

@@ -49,6 +49,16 @@ def gelu_mul(g: np.ndarray, u: np.ndarray, pool: K.Pool | None = None) -> np.nda
     return out
 
 
+def norm_rope(x: np.ndarray, w: np.ndarray | None, eps: float, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """apply_rope(rmsnorm(x, w, eps), cos, sin) for x (n, H, hd) in one C call per projection
+    (gemma4cpu/_ops.pxi norm_rope): the same float32 ops, without numpy's temporaries."""
+    n, h, hd = x.shape
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(n * h, hd)
+    out = np.empty_like(x)
+    _kernels.norm_rope(x, w, eps, cos, sin, h, out)
+    return out.reshape(n, h, hd)
+
+
 def rope_tables(pos: np.ndarray, hd: int, n_rot: int, base: float, freq_factors: np.ndarray | None):
     """cos, sin (n, hd/2) for NEOX pairing (i, i + hd/2); rotation angle pos * base^(-2i/n_rot) / factor_i;
     dims with i >= n_rot/2 (or factor 1e30) are left unrotated (cos 1, sin 0)."""
@@ -360,6 +370,7 @@ class Model:
         pos = np.arange(p0, p0 + n)
         rope = {}
         x = self.embed(tokens)                                        # (n, D)
+        a = None                                                      # attn_norm(x), when the last layer made it
         ple = self._per_layer_inputs(tokens, x) if cfg.n_embd_per_layer else None  # (n, L, Dp)
         for il, lw in enumerate(w.layers):
             hd, hq = cfg.head_dim[il], cfg.n_head
@@ -367,24 +378,31 @@ class Model:
             if key not in rope:  # the layers share two or three distinct tables
                 rope[key] = rope_tables(pos, hd, cfg.rope_dim[il], cfg.rope_base[il], lw.rope_freq_factors)
             cos, sin = rope[key]
-            a = rmsnorm(x, lw.attn_norm, cfg.eps)
-            q = self._mm(lw.attn_q, a).reshape(n, hq, hd)
-            q = apply_rope(rmsnorm(q, lw.attn_q_norm, cfg.eps), cos, sin)
+            if a is None:
+                a = rmsnorm(x, lw.attn_norm, cfg.eps)
+            q = norm_rope(self._mm(lw.attn_q, a).reshape(n, hq, hd), lw.attn_q_norm, cfg.eps, cos, sin)
             if lw.attn_k is not None:
                 hkv = cfg.n_head_kv[il]
                 kraw = self._mm(lw.attn_k, a).reshape(n, hkv, hd)
                 vraw = self._mm(lw.attn_v, a).reshape(n, hkv, hd) if lw.attn_v is not None else kraw
-                k = apply_rope(rmsnorm(kraw, lw.attn_k_norm, cfg.eps), cos, sin)
+                k = norm_rope(kraw, lw.attn_k_norm, cfg.eps, cos, sin)
                 v = rmsnorm(vraw, None, cfg.eps) if cfg.v_norm else vraw
                 self.cache.append(il, k, v)
             o = self._attention(il, q, pos)
-            x = x + rmsnorm(self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps)
-            f = rmsnorm(x, lw.ffn_norm, cfg.eps)
+            # x += rmsnorm(o W_o, post_attention_norm); f = rmsnorm(x, ffn_norm): one C call, in place
+            # (x is this call's own array: embed, the numpy steps below and layer scaling make new ones)
+            f = np.empty_like(x)
+            _kernels.add_rmsnorm(x, self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps, lw.ffn_norm, f)
             m = self._mm(lw.ffn_down, gelu_mul(self._mm(lw.ffn_gate, f), self._mm(lw.ffn_up, f), self._pool))
             if lw.moe is not None:
                 m = rmsnorm(m, lw.moe.post_ffw_norm_1, cfg.eps) + rmsnorm(
                     self._moe(lw.moe, x), lw.moe.post_ffw_norm_2, cfg.eps)
-            x = x + rmsnorm(m, lw.post_ffw_norm, cfg.eps)
+            # x += rmsnorm(m, post_ffw_norm), and the next layer's attn_norm of x in the same pass
+            # when nothing else changes x in between
+            nxt = w.layers[il + 1] if il + 1 < len(w.layers) else None
+            fuse_next = nxt is not None and lw.ple is None and lw.layer_output_scale == 1.0
+            a = np.empty_like(x) if fuse_next else None
+            _kernels.add_rmsnorm(x, m, lw.post_ffw_norm, cfg.eps, nxt.attn_norm if fuse_next else None, a)
             if lw.ple is not None:
                 g = gelu_mul(self._mm(lw.ple.inp_gate, x), ple[:, il, :], self._pool)
                 x = x + rmsnorm(self._mm(lw.ple.proj, g), lw.ple.post_norm, cfg.eps)

@@ -102,3 +102,81 @@ def test_gelu_mul_over_the_pool_equals_the_serial_loop(threads):
     ple = rng.standard_normal((5, 3, 256)).astype(np.float32)
     g = rng.standard_normal((5, 256)).astype(np.float32)
     np.testing.assert_array_equal(gelu_mul(g, ple[:, 1, :], pool), gelu_mul(g, ple[:, 1, :]))
+
+
+# The fused forward-pass steps (norm_rope, add_rmsnorm) must give the very bits of the unfused
+# numpy + rmsnorm sequence they replace: the forward pass's results (and every test against HF
+# that bounds them) were established on that sequence.
+
+def _bits(a):
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("hd,n_rot,with_w", [(256, 256, True), (512, 128, True), (64, 64, False), (2, 2, True)])
+def test_norm_rope_equals_rmsnorm_then_apply_rope(hd, n_rot, with_w):
+    """Partial rotation (n_rot < hd: the proportional RoPE of full layers, cos 1 / sin 0 on the
+    rest) and freq factors included; several heads per token, several tokens."""
+    from gemma4cpu.model import apply_rope, norm_rope, rope_tables
+    rng = np.random.default_rng(hd + n_rot)
+    n, h = 5, 3
+    x = (rng.standard_normal((n, h, hd)) * rng.uniform(0.1, 30, (n, h, 1))).astype(np.float32)
+    w = rng.uniform(-2, 2, hd).astype(np.float32) if with_w else None
+    ff = rng.uniform(1, 4, hd // 2).astype(np.float32) if n_rot < hd else None
+    cos, sin = rope_tables(np.arange(100, 100 + n), hd, n_rot, 10000.0, ff)
+    want = apply_rope(rmsnorm(x, w, 1e-6), cos, sin)
+    got = norm_rope(x, w, 1e-6, cos, sin)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    # out may alias x
+    xr = x.reshape(n * h, hd).copy()
+    _kernels.norm_rope(xr, w, 1e-6, cos, sin, h, xr)
+    np.testing.assert_array_equal(_bits(xr), _bits(want.reshape(n * h, hd)))
+    # the check can fail: a swapped sin sign is caught
+    bad = norm_rope(x, w, 1e-6, cos, -sin)
+    assert not np.array_equal(_bits(bad), _bits(want))
+
+
+def test_norm_rope_argument_errors():
+    x = np.ones((6, 8), np.float32)
+    cos = sin = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError, match="whole number of tokens"):
+        _kernels.norm_rope(x, None, 1e-6, cos, sin, 4, np.empty_like(x))
+    with pytest.raises(ValueError, match="do not fit"):
+        _kernels.norm_rope(x, None, 1e-6, cos, sin, 2, np.empty_like(x))
+    with pytest.raises(ValueError, match="weight has 3 values"):
+        _kernels.norm_rope(x, np.ones(3, np.float32), 1e-6, cos, sin, 3, np.empty_like(x))
+    with pytest.raises(ValueError, match="even"):
+        _kernels.norm_rope(np.ones((2, 3), np.float32), None, 1e-6, np.ones((2, 1), np.float32),
+                           np.ones((2, 1), np.float32), 1, np.empty((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("w1,w2", [(True, True), (False, True), (True, False), (True, None)])
+def test_add_rmsnorm_equals_numpy_residual_then_rmsnorm(w1, w2):
+    """x + rmsnorm(y, w) in place, then rmsnorm(x, w2) (w2 False: weight-less norm; None: no
+    second norm at all), bit for bit."""
+    rng = np.random.default_rng(7)
+    d = 640
+    x = rng.standard_normal((4, d)).astype(np.float32) * 10
+    y = rng.standard_normal((4, d)).astype(np.float32)
+    wa = rng.uniform(-2, 2, d).astype(np.float32) if w1 else None
+    wb = rng.uniform(-2, 2, d).astype(np.float32) if w2 else None
+    want_x = x + rmsnorm(y, wa, 1e-6)
+    got_x = x.copy()
+    if w2 is None:
+        _kernels.add_rmsnorm(got_x, y, wa, 1e-6)
+    else:
+        out2 = np.full_like(x, np.nan)
+        _kernels.add_rmsnorm(got_x, y, wa, 1e-6, wb, out2)
+        np.testing.assert_array_equal(_bits(out2), _bits(rmsnorm(want_x, wb, 1e-6)))
+    np.testing.assert_array_equal(_bits(got_x), _bits(want_x))
+    assert not np.array_equal(_bits(got_x), _bits(x))  # x was really updated in place
+
+
+def test_add_rmsnorm_argument_errors():
+    x = np.ones((2, 8), np.float32)
+    with pytest.raises(ValueError, match="y"):
+        _kernels.add_rmsnorm(x, np.ones((3, 8), np.float32), None, 1e-6)
+    with pytest.raises(ValueError, match="out2"):
+        _kernels.add_rmsnorm(x, x.copy(), None, 1e-6, None, np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match="second weight has 2"):
+        _kernels.add_rmsnorm(x, x.copy(), None, 1e-6, np.ones(2, np.float32), np.empty_like(x))
