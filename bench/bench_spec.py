@@ -66,14 +66,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # repo root, for `python bench/...`
 
 from bench.bench_model import (DEFAULT_LLAMA_BENCH, LLAMA_DESC, Noise, cache_root, close_model,  # noqa: E402
-                               find_tool, load_model, prompt_tokens, tensor_types)
+                               find_tool, llama_build_flags, llama_desc, load_model, prompt_tokens, tensor_types)
 from bench.common import ALLOWED_CPUS_AT_IMPORT, fmt, header, md_table, median, parse_cpu_list  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-LLAMA_FLAGS = ("-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "
-               "-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON")
-LLAMA_SHORT = "llama.cpp (0c1e570, GGML_NATIVE=OFF AVX2/FMA/F16C/AVX512/VNNI/BF16)"
+# what llama.cpp's build was made with (its CMakeCache.txt); set again in main for --llama-bench
+LLAMA_FLAGS = llama_build_flags(DEFAULT_LLAMA_BENCH) or "unknown build options"
+LLAMA_SHORT = LLAMA_DESC
 FULL_LAYERS = 60
 ACCEPTS = (0.5, 0.7, 0.84, 0.95)
 KS = tuple(range(1, 9))
@@ -506,6 +506,8 @@ def main(argv=None) -> int:
             notes.append("llama-bench not found (--llama-bench, $LLAMA_BENCH): our engine only")
     elif a.no_llama:
         notes.append("--no-llama: our engine only")
+    global LLAMA_FLAGS, LLAMA_SHORT
+    LLAMA_FLAGS, LLAMA_SHORT = llama_build_flags(lb_exe) or "unknown build options", llama_desc(lb_exe)
 
     # files
     mixes = ["q4_k_m"] + (["q8_0"] if a.q8 else [])
@@ -534,7 +536,7 @@ def main(argv=None) -> int:
     extra = {
         "pinning": f"ours: Model/Engine(threads={T}, cpus={cpus}), pool workers pinned one per CPU; "
                    f"llama.cpp: taskset -c {','.join(map(str, cpus))} llama-bench -t {T}",
-        "llama": (f"{lb_exe} = {LLAMA_DESC}; built with {LLAMA_FLAGS} -DCMAKE_BUILD_TYPE=Release"
+        "llama": (f"{lb_exe} = {LLAMA_SHORT}; built with {LLAMA_FLAGS}"
                   if lb_exe else "absent: " + "; ".join(notes)),
         "config": f"runs={runs} a_runs={a_runs} e2e_runs={a.e2e_runs} layers={la},{lb} prefix={a.prefix} n=1..{a.n_max} accept={accepts} "
                   f"stat={a.stat} e2e_tokens={tokens} k_sweep={k_sweep} ngram_tokens={ng_tokens} sections={''.join(sorted(sections))}",
