@@ -4,12 +4,13 @@
  * product (sub-block scales and mins folded in as integers), then the block's float ops (separate
  * mul and sub/add, never FMA), added to the token's accumulator in block order. What the SIMD code
  * changes is only how the exact integers are formed and how the work is shared:
- *   - one token, 8 rows at once ("ROWS8": Q4_K, Q5_K and the 32-blocks): per block the 8 rows'
- *     int32 vectors are reduced by one transpose-add (g4_avx2_hsum8x8) and the float ops run with
- *     one row per lane, so no scalar step is left per block (decode is compute-bound on cores
- *     with 128-bit SIMD units such as Zen 1: that step was 15-25 % of the time);
- *   - one token, one row ("ONE": the rows left over, and Q6_K, whose 8-row form measured slower
- *     from memory): per block an int32 vector; the vectors of a group of blocks (4 for Q4_K/Q5_K:
+ *   - one token, 8 rows at once ("ROWS8"): per block the 8 rows' int32 vectors are reduced by
+ *     one transpose-add (g4_avx2_hsum8x8) and the float ops run with one row per lane, so no
+ *     scalar step is left per block (decode is compute-bound on cores with 128-bit SIMD units
+ *     such as Zen 1: that step was 15-25 % of the time); the next 8-row group is prefetched
+ *     slice by slice (g4_r8_prefetch);
+ *   - one token, one row ("ONE": the rows left over): per block an int32 vector; the vectors of
+ *     a group of blocks (4 for Q4_K/Q5_K:
  *     S and M together, 8 for Q6_K and the 32-blocks) are reduced by one transpose-add, then the
  *     float ops of the group run as vector ops and their results are added in block order;
  *   - 2..8 tokens ("TOK"): each weight block is read and unpacked once (per sub-block pair the
@@ -150,21 +151,25 @@ G4_K45_ONE(g4_q5_K_one, block_q5_K, g4_q5_K_dot1)
  * are reduced by two transposes and the float ops run with one row per lane in the reference's
  * per-row sequence (dd = d * dx, dm = dmin * dx, acc = acc + (dd * S - dm * M)), no scalar step
  * per block; d and dmin (each block's first 4 bytes) of the 8 rows are converted together. */
-#ifndef G4_R8_PF
-#define G4_R8_PF 2
-#endif
+/* The 8-row passes read 8 interleaved streams, which the hardware prefetchers do not follow over
+ * short rows (k = 640: 8 x 680 bytes; measured 18 % slower than one row at a time from memory on
+ * Zen 1). The 8 rows of a group are one contiguous region and so are the next group's: step b of
+ * nb prefetches the b-th slice of the next region, so it is in cache when its pass starts. */
+static inline void g4_r8_prefetch(const uint8_t *next, int64_t b, size_t step) {
+    const uint8_t *p = next + (size_t)b * step;
+    for (size_t o = 0; o < step; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
 #define G4_K45_ROWS8(NAME, BT, DOT1)                                                               \
-    static void NAME(const uint8_t *w, size_t wrb, const block_q8_K *xb, int64_t nb, float *yr, int first) { \
+    static void NAME(const uint8_t *w, size_t wrb, const block_q8_K *xb, int64_t nb, float *yr,    \
+                     const uint8_t *next) {                                                        \
         const BT *wr[8];                                                                           \
         for (int i = 0; i < 8; i++) wr[i] = (const BT *)(w + (size_t)i * wrb);                     \
-        __m256 acc = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yr);                           \
+        __m256 acc = _mm256_setzero_ps();                                                          \
         for (int64_t b = 0; b < nb; b++) {                                                         \
+            if (next) g4_r8_prefetch(next, b, 8 * sizeof(BT));                                     \
             __m256i S[8], M[8];                                                                    \
             uint32_t dm[8];                                                                        \
             for (int i = 0; i < 8; i++) {                                                          \
-                _mm_prefetch((const char *)&wr[i][b + G4_R8_PF], _MM_HINT_T0);                     \
-                _mm_prefetch((const char *)&wr[i][b + G4_R8_PF] + 64, _MM_HINT_T0);                \
-                _mm_prefetch((const char *)&wr[i][b + G4_R8_PF] + 128, _MM_HINT_T0);               \
                 DOT1(&wr[i][b], &xb[b], &S[i], &M[i]);                                             \
                 memcpy(&dm[i], &wr[i][b], 4);                                                      \
             }                                                                                      \
@@ -288,7 +293,9 @@ G4_K45_TOK(g4_q5_K_tok, block_q5_K, g4_q5_K_pair)
         if (n_tok == 1) { /* decode: 8 rows at a time (USE_R8), then the rest one by one */     \
             int64_t r = r0;                                                                        \
             if (USE_R8)                                                                            \
-                for (; r + 8 <= r1; r += 8) ROWS8((const uint8_t *)G4_ROWP(w, r, wrb), wrb, (const block_q8_K *)x, nb, y + r, 1); \
+                for (; r + 8 <= r1; r += 8)                                                        \
+                    ROWS8((const uint8_t *)G4_ROWP(w, r, wrb), wrb, (const block_q8_K *)x, nb, y + r, \
+                          r + 8 < r1 ? (const uint8_t *)G4_ROWP(w, r + 8, wrb) : NULL);            \
             for (; r < r1; r++) y[r] = ONE((const BT *)G4_ROWP(w, r, wrb), (const block_q8_K *)x, nb, 0.0f); \
             return;                                                                                \
         }                                                                                          \
@@ -402,6 +409,25 @@ static float g4_q6_K_one(const block_q6_K *wr, const block_q8_K *xb, int64_t nb,
     return acc;
 }
 
+/* one token, 8 rows at once (lane = row), as g4_q4_K_rows8: dd = d * dx, acc = acc + dd * S */
+static void g4_q6_K_rows8(const uint8_t *w, size_t wrb, const block_q8_K *xb, int64_t nb, float *yr,
+                          const uint8_t *next) {
+    const block_q6_K *wr[8];
+    for (int i = 0; i < 8; i++) wr[i] = (const block_q6_K *)(w + (size_t)i * wrb);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        if (next) g4_r8_prefetch(next, b, 8 * sizeof(block_q6_K));
+        __m256i S[8];
+        for (int i = 0; i < 8; i++) S[i] = g4_q6_dot1(&wr[i][b], &xb[b]);
+        const __m256 sf = _mm256_cvtepi32_ps(g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7]));
+        const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(
+            (short)wr[0][b].d, (short)wr[1][b].d, (short)wr[2][b].d, (short)wr[3][b].d,
+            (short)wr[4][b].d, (short)wr[5][b].d, (short)wr[6][b].d, (short)wr[7][b].d));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb[b].d)), sf));
+    }
+    _mm256_storeu_ps(yr, acc);
+}
+
 static inline __attribute__((always_inline)) void g4_q6_K_tok(const block_q6_K *wr, int64_t nb, const uint8_t *x,
                                                               size_t xrb, float *y, int64_t ldy, int64_t r,
                                                               const __m256i *mt, const float *dxt, int first, const int NT) {
@@ -432,8 +458,7 @@ static inline __attribute__((always_inline)) void g4_q6_K_tok(const block_q6_K *
     for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];
 }
 
-/* Q6_K decode stays one row at a time: 8 rows at once measured 30 % slower from memory on Zen 1 */
-G4_KQ_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok, g4_q4_K_rows8, 0, 0)
+G4_KQ_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok, g4_q6_K_rows8, 1, 0)
 
 /* ============================ Q8_0 / Q5_0 / Q4_0 x Q8_0 ==================================== */
 /* Weights of a block as signed int8. Q8_0: maddubs(|w|, sign(x, w)) (exact for x > -128; see
@@ -522,11 +547,13 @@ static inline float g4_add8(__m256 p, int n, float acc) {
      * one transpose and the float ops run with one row per lane, the reference's per-row sequence \
      * (dd = d_w * d_x, acc = acc + S * dd in block order) without a scalar step per block.       \
      * The x block is loaded once for the 8 rows. */                                               \
-    static void PFX##_rows8(const uint8_t *w, size_t wrb, const block_q8_0 *xb, int64_t nb, float *yr) { \
+    static void PFX##_rows8(const uint8_t *w, size_t wrb, const block_q8_0 *xb, int64_t nb, float *yr, \
+                            const uint8_t *next) {                                                 \
         const BT *wr[8];                                                                           \
         for (int i = 0; i < 8; i++) wr[i] = (const BT *)(w + (size_t)i * wrb);                     \
         __m256 acc = _mm256_setzero_ps();                                                          \
         for (int64_t b = 0; b < nb; b++) {                                                         \
+            if (next) g4_r8_prefetch(next, b, 8 * sizeof(BT));                                     \
             __m256i S[8];                                                                          \
             for (int i = 0; i < 8; i++) {                                                          \
                 const __m256i wv = VALS(&wr[i][b]);                                                \
@@ -636,7 +663,9 @@ static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int6
         GUARD                                                                                      \
         if (n_tok == 1) { /* decode: 8 rows at a time, then the rest one by one */                 \
             int64_t r = r0;                                                                        \
-            for (; r + 8 <= r1; r += 8) ROWS8((const uint8_t *)G4_ROWP(w, r, wrb), wrb, (const block_q8_0 *)x, nb, y + r); \
+            for (; r + 8 <= r1; r += 8)                                                            \
+                ROWS8((const uint8_t *)G4_ROWP(w, r, wrb), wrb, (const block_q8_0 *)x, nb, y + r,  \
+                      r + 8 < r1 ? (const uint8_t *)G4_ROWP(w, r + 8, wrb) : NULL);                \
             for (; r < r1; r++) y[r] = ONE((const BT *)G4_ROWP(w, r, wrb), (const block_q8_0 *)x, nb, 0.0f); \
             return;                                                                                \
         }                                                                                          \
