@@ -89,8 +89,15 @@ class Tensor:
         return self._file._map[self.offset:self.offset + self.n_bytes]
 
     def rows(self) -> np.ndarray:
-        """(n_rows, row_bytes) uint8 read-only view: the kernels' weight operand."""
-        return self.raw().reshape(self.n_rows, self.row_bytes)
+        """(n_rows, row_bytes) uint8 read-only view: the kernels' weight operand. GGUF aligns
+        tensor data (general.alignment, 32 by default); data that is not even 4-byte aligned (a
+        file declaring alignment 1 or 2, or a damaged one) is copied to aligned memory once,
+        because the kernels read each block's fp16 / f32 scales as typed fields."""
+        r = self.raw().reshape(self.n_rows, self.row_bytes)
+        if r.ctypes.data % 4:
+            r = r.copy()  # numpy allocations are at least 16-byte aligned
+            r.flags.writeable = False
+        return r
 
     def numpy(self) -> np.ndarray:
         """Float/int tensors as their numpy dtype, shaped numpy-order (reversed dims); no copy."""

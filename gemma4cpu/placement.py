@@ -513,8 +513,12 @@ def place_weights(f, weights, plan, mmap: bool = True, mlock: bool = False, thp:
             live = False
     fb0, fb1 = _file_span(f)
     in_file = [m for m in mats if fb0 <= addr_of(m.rows) < fb1]
-    lo = min(addr_of(m.rows) for m in in_file)
-    hi = max(addr_of(m.rows) + m.rows.nbytes for m in in_file)
+    # none can be in the file when every matrix was copied out (GGUFTensor.rows: misaligned data)
+    lo = min((addr_of(m.rows) for m in in_file), default=0)
+    hi = max((addr_of(m.rows) + m.rows.nbytes for m in in_file), default=0)
+    if copy and not in_file:
+        copy = False
+        rep.mmap = True
     one_node = len(_allowed_mems()) == 1 and set(plan.mem_nodes) <= set(_allowed_mems())
     if copy:
         n_copies = weight_copies(plan, mmap, thp)

@@ -323,3 +323,29 @@ def test_every_class_names_the_field_and_its_offset(data, message, tmp_path):
         with pytest.raises(GGUFFormatError, match=message) as ei:
             load()
         assert type(ei.value) is GGUFFormatError
+
+
+def test_misaligned_tensor_data_is_copied_to_aligned_rows(tmp_path):
+    """A file declaring general.alignment = 1 can put a Q8_0 tensor at an odd offset. The kernels
+    read block scales as typed fields (UBSan flags a misaligned one, and so would a strict-
+    alignment CPU), so rows() hands them an aligned copy with the same bytes; aligned data stays a
+    view of the file."""
+    rng = np.random.default_rng(0)
+    q8 = rng.integers(0, 256, 2 * 34, dtype=np.uint8)
+    for pad in range(4):   # some key length puts the data start off a multiple of 4
+        data, offs = C.build([C.kv("general.architecture", C.STR, "gemma3" + "x" * pad),
+                              C.kv("general.alignment", C.U32, 1)],
+                             [("w.weight", (32, 2), 8, q8.tobytes())], alignment=1)
+        if offs["w.weight"] % 4:
+            break
+    assert offs["w.weight"] % 4
+    f = GGUFFile(_write(tmp_path, data))
+    t = f.tensor("w.weight")
+    assert t.offset == offs["w.weight"] and t.raw().ctypes.data % 4 != 0
+    r = t.rows()
+    assert r.ctypes.data % 4 == 0 and not r.flags.writeable
+    np.testing.assert_array_equal(r.reshape(-1), q8)
+    # an aligned tensor is still used in place
+    data, _ = C.small_model_bytes()
+    w = GGUFFile(_write(tmp_path, data, "a.gguf")).tensor("w.weight")
+    assert np.shares_memory(w.rows(), w.raw())
