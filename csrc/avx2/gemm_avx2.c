@@ -29,6 +29,35 @@
  * unrolled integer sums into a tree and spills every partial product to the stack. */
 #define G4_KEEP(v) __asm__("" : "+x"(v))
 
+/* Shared by the one-token paths: 8 fp16 scales stride bytes apart (0 past n) as one float
+ * vector (8 blocks of a row, or the same block of 8 rows), and the in-order scalar adds of a
+ * group's per-block float results p[0..n-1] to an accumulator (the reference's sequence). */
+static inline __m256 g4_h8(const uint8_t *p, size_t stride, int n) {
+    uint16_t h[8];
+    if (n == 8) {
+        for (int i = 0; i < 8; i++) memcpy(&h[i], p + i * stride, 2);
+        return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4],
+                                              (short)h[5], (short)h[6], (short)h[7]));
+    }
+    for (int i = 0; i < 8; i++) {
+        h[i] = 0;
+        if (i < n) memcpy(&h[i], p + i * stride, 2);
+    }
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+static inline float g4_add8(__m256 p, int n, float acc) {
+    const __m128 lo = _mm256_castps256_ps128(p), hi = _mm256_extractf128_ps(p, 1);
+    __m128 a = _mm_add_ss(_mm_set_ss(acc), lo);
+    if (n > 1) a = _mm_add_ss(a, _mm_movehdup_ps(lo));
+    if (n > 2) a = _mm_add_ss(a, _mm_movehl_ps(lo, lo));
+    if (n > 3) a = _mm_add_ss(a, _mm_shuffle_ps(lo, lo, 3));
+    if (n > 4) a = _mm_add_ss(a, hi);
+    if (n > 5) a = _mm_add_ss(a, _mm_movehdup_ps(hi));
+    if (n > 6) a = _mm_add_ss(a, _mm_movehl_ps(hi, hi));
+    if (n > 7) a = _mm_add_ss(a, _mm_shuffle_ps(hi, hi, 3));
+    return _mm_cvtss_f32(a);
+}
+
 /* =============================== Q4_K / Q5_K x Q8_K ======================================= */
 /* The 8 scales of a Q4_K/Q5_K block as int16, broadcast to both lanes (returned); the 8 mins as
  * int16 pairs [m0 m0 m1 m1 .. m7 m7] (to madd with the 16 bsums) and as [m0 .. m7] (m16). */
@@ -147,10 +176,6 @@ static inline float g4_k45_epi4(__m256i sm, const void *b0, size_t bstride, cons
 G4_K45_ONE(g4_q4_K_one, block_q4_K, g4_q4_K_dot1)
 G4_K45_ONE(g4_q5_K_one, block_q5_K, g4_q5_K_dot1)
 
-/* One token, 8 rows at once (lane = row), as the 32-blocks' rows8: per block the 8 rows' S and M
- * are reduced by two transposes and the float ops run with one row per lane in the reference's
- * per-row sequence (dd = d * dx, dm = dmin * dx, acc = acc + (dd * S - dm * M)), no scalar step
- * per block; d and dmin (each block's first 4 bytes) of the 8 rows are converted together. */
 /* The 8-row passes read 8 interleaved streams, which the hardware prefetchers do not follow over
  * short rows (k = 640: 8 x 680 bytes; measured 18 % slower than one row at a time from memory on
  * Zen 1). The 8 rows of a group are one contiguous region and so are the next group's: step b of
@@ -159,6 +184,10 @@ static inline void g4_r8_prefetch(const uint8_t *next, int64_t b, size_t step) {
     const uint8_t *p = next + (size_t)b * step;
     for (size_t o = 0; o < step; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
+/* One token, 8 rows at once (lane = row), as the 32-blocks' rows8: per block the 8 rows' S and M
+ * are reduced by two transposes and the float ops run with one row per lane in the reference's
+ * per-row sequence (dd = d * dx, dm = dmin * dx, acc = acc + (dd * S - dm * M)), no scalar step
+ * per block; d and dmin (each block's first 4 bytes) of the 8 rows are converted together. */
 #define G4_K45_ROWS8(NAME, BT, DOT1)                                                               \
     static void NAME(const uint8_t *w, size_t wrb, const block_q8_K *xb, int64_t nb, float *yr,    \
                      const uint8_t *next) {                                                        \
@@ -420,9 +449,7 @@ static void g4_q6_K_rows8(const uint8_t *w, size_t wrb, const block_q8_K *xb, in
         __m256i S[8];
         for (int i = 0; i < 8; i++) S[i] = g4_q6_dot1(&wr[i][b], &xb[b]);
         const __m256 sf = _mm256_cvtepi32_ps(g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7]));
-        const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(
-            (short)wr[0][b].d, (short)wr[1][b].d, (short)wr[2][b].d, (short)wr[3][b].d,
-            (short)wr[4][b].d, (short)wr[5][b].d, (short)wr[6][b].d, (short)wr[7][b].d));
+        const __m256 dw = g4_h8((const uint8_t *)&wr[0][b].d, wrb, 8);
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb[b].d)), sf));
     }
     _mm256_storeu_ps(yr, acc);
@@ -493,36 +520,6 @@ static inline __m256i g4_q32_dot(__m256i wv, __m256i aw, const int8_t *xq, const
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-/* Shared by the one-token paths with 8 blocks per group (the 32-blocks; for Q6_K, with 210-byte blocks, the scalar
- * form measured as fast): the 8 block
- * scales (fp16, stride bytes apart; 0 past n) as one vector, and the in-order scalar adds of the
- * group's per-block float results p[0..n-1] to the accumulator (the reference's sequence). */
-static inline __m256 g4_h8(const uint8_t *p, size_t stride, int n) {
-    uint16_t h[8];
-    if (n == 8) {
-        for (int i = 0; i < 8; i++) memcpy(&h[i], p + i * stride, 2);
-        return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4],
-                                              (short)h[5], (short)h[6], (short)h[7]));
-    }
-    for (int i = 0; i < 8; i++) {
-        h[i] = 0;
-        if (i < n) memcpy(&h[i], p + i * stride, 2);
-    }
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-}
-static inline float g4_add8(__m256 p, int n, float acc) {
-    const __m128 lo = _mm256_castps256_ps128(p), hi = _mm256_extractf128_ps(p, 1);
-    __m128 a = _mm_add_ss(_mm_set_ss(acc), lo);
-    if (n > 1) a = _mm_add_ss(a, _mm_movehdup_ps(lo));
-    if (n > 2) a = _mm_add_ss(a, _mm_movehl_ps(lo, lo));
-    if (n > 3) a = _mm_add_ss(a, _mm_shuffle_ps(lo, lo, 3));
-    if (n > 4) a = _mm_add_ss(a, hi);
-    if (n > 5) a = _mm_add_ss(a, _mm_movehdup_ps(hi));
-    if (n > 6) a = _mm_add_ss(a, _mm_movehl_ps(hi, hi));
-    if (n > 7) a = _mm_add_ss(a, _mm_shuffle_ps(hi, hi, 3));
-    return _mm_cvtss_f32(a);
-}
-
 #define G4_Q32_KERNELS(PFX, BT, VALS, SMALLW)                                                      \
     static float PFX##_one(const BT *wr, const block_q8_0 *xb, int64_t nb, float acc) {            \
         for (int64_t bg = 0; bg < nb; bg += 8) {                                                   \
@@ -560,9 +557,7 @@ static inline float g4_add8(__m256 p, int n, float acc) {
                 S[i] = g4_q32_dot(wv, _mm256_abs_epi8(wv), xb[b].qs, SMALLW);                      \
             }                                                                                      \
             const __m256 sf = _mm256_cvtepi32_ps(g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7])); \
-            const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(                                      \
-                (short)wr[0][b].d, (short)wr[1][b].d, (short)wr[2][b].d, (short)wr[3][b].d,        \
-                (short)wr[4][b].d, (short)wr[5][b].d, (short)wr[6][b].d, (short)wr[7][b].d));      \
+            const __m256 dw = g4_h8((const uint8_t *)&wr[0][b].d, wrb, 8);                         \
             const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(g4_fp16_to_fp32_f16c(xb[b].d)));    \
             acc = _mm256_add_ps(acc, _mm256_mul_ps(sf, dd));                                       \
         }                                                                                          \
