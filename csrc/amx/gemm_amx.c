@@ -92,52 +92,60 @@ static void q80_amx(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, 
                 }
                 acc[z] = _mm512_load_ps(a);
             }
-            for (int b = 0; b < kc; b++) {
+            /* software pipeline: the tile product of block b is issued before the float epilogue of
+             * block b - 1, so the epilogue's reload of a stored C tile never waits on the store just
+             * issued (the float sequence per lane is unchanged: block order) */
+            for (int b = 0; b <= kc; b++) {
                 const uint8_t *blk = base + (size_t)b * sizeof(block_q8_0);
-                if ((b & 1) == 0) {
-                    for (int i = 0; i < nr; i++) _mm_prefetch((const char *)blk + (size_t)i * wrb + 8 * sizeof(block_q8_0), _MM_HINT_T0);
-                    /* the same two blocks of the next 16-row group into L2 (see the note at the top) */
-                    for (int i = 0; i < nn; i++) {
-                        const char *q = (const char *)blk + (size_t)(16 + i) * wrb;
-                        _mm_prefetch(q, _MM_HINT_T1);
-                        _mm_prefetch(q + 64, _MM_HINT_T1);
+                if (b < kc) {
+                    if ((b & 1) == 0) {
+                        for (int i = 0; i < nr; i++) _mm_prefetch((const char *)blk + (size_t)i * wrb + 8 * sizeof(block_q8_0), _MM_HINT_T0);
+                        /* the same two blocks of the next 16-row group into L2 (see the note at the top) */
+                        for (int i = 0; i < nn; i++) {
+                            const char *q = (const char *)blk + (size_t)(16 + i) * wrb;
+                            _mm_prefetch(q, _MM_HINT_T1);
+                            _mm_prefetch(q + 64, _MM_HINT_T1);
+                        }
+                    }
+                    const uint8_t *bt = bb + (size_t)b * BT;
+                    const uint8_t *ap = blk + 2;
+                    size_t as = wrb;
+                    if (nr < 16) {
+                        for (int i = 0; i < 16; i++) memcpy(ab + 32 * i, blk + (size_t)(i < nr ? i : nr - 1) * wrb + 2, 32);
+                        ap = ab;
+                        as = 32;
+                    }
+                    if ((b & 1) == 0) {
+                        G4T_LOAD(0, ap, as);
+                        G4T_LOAD(1, bt, nt * 4);
+                        G4T_ZERO(2);
+                        G4T_DPBSSD(2, 0, 1);
+                        G4T_STORE(2, cb[0], nt * 4);
+                    } else {
+                        G4T_LOAD(3, ap, as);
+                        G4T_LOAD(4, bt, nt * 4);
+                        G4T_ZERO(5);
+                        G4T_DPBSSD(5, 3, 4);
+                        G4T_STORE(5, cb[1], nt * 4);
                     }
                 }
-                const int s = b & 1;
-                const uint8_t *bt = bb + (size_t)b * BT;
-                const uint8_t *ap = blk + 2;
-                size_t as = wrb;
-                if (nr < 16) {
-                    for (int i = 0; i < 16; i++) memcpy(ab + 32 * i, blk + (size_t)(i < nr ? i : nr - 1) * wrb + 2, 32);
-                    ap = ab;
-                    as = 32;
-                }
-                if (s == 0) {
-                    G4T_LOAD(0, ap, as);
-                    G4T_LOAD(1, bt, nt * 4);
-                    G4T_ZERO(2);
-                    G4T_DPBSSD(2, 0, 1);
-                    G4T_STORE(2, cb[0], nt * 4);
-                } else {
-                    G4T_LOAD(3, ap, as);
-                    G4T_LOAD(4, bt, nt * 4);
-                    G4T_ZERO(5);
-                    G4T_DPBSSD(5, 3, 4);
-                    G4T_STORE(5, cb[1], nt * 4);
-                }
+                if (b == 0) continue;
+                /* epilogue of block b - 1 */
+                const int s = (b - 1) & 1;
+                const uint8_t *pb = blk - sizeof(block_q8_0);
                 __m512i hv;
-                if (gather_ok) hv = _mm512_i32gather_epi32(offv, blk, 1);
+                if (gather_ok) hv = _mm512_i32gather_epi32(offv, pb, 1);
                 else {
                     _Alignas(64) int32_t h[16];
                     for (int i = 0; i < 16; i++) {
                         uint16_t v;
-                        memcpy(&v, blk + (size_t)(i < nr ? i : nr - 1) * wrb, 2);
+                        memcpy(&v, pb + (size_t)(i < nr ? i : nr - 1) * wrb, 2);
                         h[i] = v;
                     }
                     hv = _mm512_load_si512(h);
                 }
                 const __m512 dw = g4x_half16_to_ps(_mm512_cvtepi32_epi16(hv));
-                const __m512 dx = _mm512_load_ps(dxs + (size_t)b * 16);
+                const __m512 dx = _mm512_load_ps(dxs + (size_t)(b - 1) * 16);
                 for (int z = 0; z < nt; z++) {
                     const __m512 dd = _mm512_mul_ps(_mm512_permutexvar_ps(ridx[z], dw), _mm512_permutexvar_ps(tidx[z], dx));
                     acc[z] = _mm512_add_ps(acc[z], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[s] + 16 * z)), dd));
