@@ -10,7 +10,7 @@ $XDG_CACHE_HOME/gemma4cpu, else ~/.cache/gemma4cpu) and loaded with ctypes; no p
 needed. It is built with -O2 -mavx2 only when this CPU reports AVX2, scalar otherwise.
 
 Thread t of a measurement with T threads is pinned to cpus[t]; each thread first-touches and
-then read-sums its own 1/T of the buffer. The result of one thread count is the median of
+then read-sums its own 1/T of the buffer, as 8 side-by-side streams with prefetch. The result of one thread count is the median of
 `runs` passes (after `warmup` untimed passes).
 
 --matrix: for every node i with allowed CPUs, its physical cores (or --threads per node) read a
