@@ -37,7 +37,7 @@ else:  # non-x86: only the reference table exists; dispatch reports the others a
 ext = Extension(
     "gemma4cpu._kernels",
     ["gemma4cpu/_kernels.pyx", "csrc/g4_dispatch.c", "csrc/g4_pool.c", "csrc/g4_attn.c", "csrc/g4_tok.c",
-     "csrc/g4_ops.c"],
+     "csrc/g4_ops.c", "csrc/g4_layers.c"],
     include_dirs=["csrc", np.get_include()],
     extra_compile_args=["-O2", "-Wno-unused-function", "-fno-strict-aliasing"] + (
         ["-fsanitize=address,undefined", "-g"] if SAN else []),

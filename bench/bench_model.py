@@ -223,7 +223,8 @@ def ours_prefill(m, n: int, runs: int, cpus) -> dict:
 
 class CTimer:
     """Wraps every function of gemma4cpu._kernels, gemma4cpu.kernels.matmul's pool call and
-    Model._mm's direct pool call (gemma4cpu.model._pool_matmul) with a timer (restored on exit).
+    Model._mm's direct pool call (gemma4cpu.model._pool_matmul) and the C layer loop
+    (gemma4cpu.model._run_layers) with a timer (restored on exit).
     `total` = seconds inside C, `by` = {name: [calls, seconds]}."""
 
     # not kernels: metadata look-ups and ISA switches stay on the Python side of the split
@@ -281,6 +282,10 @@ class CTimer:
         if hasattr(M, "_pool_matmul"):
             self._saved.append((M, "_pool_matmul", M._pool_matmul))
             M._pool_matmul = self._wrap("Pool.matmul", M._pool_matmul)
+        # the C layer loop of decode steps: one call for every layer
+        if hasattr(M, "_run_layers"):
+            self._saved.append((M, "_run_layers", M._run_layers))
+            M._run_layers = self._wrap("LayerLoop.run", M._run_layers)
         return self
 
     def __exit__(self, *exc):

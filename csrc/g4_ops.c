@@ -9,6 +9,7 @@
  * clamped to 89, 2^k becomes +inf and the result is exactly 0, as float32 tanh gives (1 + tanh z = 0):
  * an earlier clamp at 88 left x * 6e-39 there, values that reached the next product's activation
  * blocks as ~1e-36. For z large exp(-2z) -> exp(-87) and the result is x. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -110,4 +111,51 @@ void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int
     gelu_ctx c = {g, u, out, ldg, ldu, ldo, n, d};
     if (!pool || n * d < 4096 || g4_pool_size(pool) == 1) gelu_task(&c, 0, 1);
     else g4_pool_run(pool, gelu_task, &c);
+}
+
+/* ---- row norms (see g4_ops.h; the reference for every path: Cython wrappers and the layer loop) ---- */
+static inline float g4_row_scale(const float *x, int64_t d, double eps) {
+    double acc = 0.0;
+    for (int64_t j = 0; j < d; j++) acc = acc + (double)x[j] * (double)x[j];
+    return (float)(1.0 / sqrt(acc / (double)d + eps));
+}
+
+static inline void g4_scale_row(const float *x, float s, const float *w, float *o, int64_t d) {
+    if (w)
+        for (int64_t j = 0; j < d; j++) o[j] = (x[j] * s) * w[j];
+    else
+        for (int64_t j = 0; j < d; j++) o[j] = x[j] * s;
+}
+
+void g4_rmsnorm_rows(const float *x, const float *w, double eps, float *out, int64_t n, int64_t d) {
+    for (int64_t i = 0; i < n; i++) g4_scale_row(x + i * d, g4_row_scale(x + i * d, d, eps), w, out + i * d, d);
+}
+
+void g4_norm_rope(const float *x, const float *w, double eps, const float *cos, const float *sin, int64_t heads,
+                  int64_t rows, int64_t d, float *out) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < rows; i++) {
+        float *o = out + i * d;
+        g4_scale_row(x + i * d, g4_row_scale(x + i * d, d, eps), w, o, d);
+        const float *c = cos + (i / heads) * half, *sn = sin + (i / heads) * half;
+        for (int64_t j = 0; j < half; j++) {
+            const float a = o[j], b = o[j + half];
+            o[j] = a * c[j] - b * sn[j];
+            o[j + half] = b * c[j] + a * sn[j];
+        }
+    }
+}
+
+void g4_add_rmsnorm(float *x, const float *y, const float *w, double eps, const float *w2, float *out2, int64_t n,
+                    int64_t d) {
+    for (int64_t i = 0; i < n; i++) {
+        float *xr = x + i * d;
+        const float *yr = y + i * d;
+        const float s = g4_row_scale(yr, d, eps);
+        if (w)
+            for (int64_t j = 0; j < d; j++) xr[j] = xr[j] + (yr[j] * s) * w[j];
+        else
+            for (int64_t j = 0; j < d; j++) xr[j] = xr[j] + yr[j] * s;
+        if (out2) g4_scale_row(xr, g4_row_scale(xr, d, eps), w2, out2 + i * d, d);
+    }
 }

@@ -13,4 +13,17 @@ void g4_gelu_mul_row(const float *g, const float *u, float *o, int64_t n);
 void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
                  int64_t ldo, int64_t n, int64_t d);
 
+
+/* Row norms of the forward pass (the float ops of model.rmsnorm / norm_rope / add_rmsnorm, which
+ * call these): per row, sum of squares in double in element order, scale s = (float)(1 / sqrt(sum / d
+ * + eps)), then (x * s) * w in float32 (w may be NULL: no weight). Rows are contiguous (d values). */
+void g4_rmsnorm_rows(const float *x, const float *w, double eps, float *out, int64_t n, int64_t d);
+/* rows = n_tok * heads rows of d (even) values, row i rotated (NEOX pairs j, j + d/2) with row i / heads of
+ * cos / sin (n_tok, d/2) after its norm; out may alias x */
+void g4_norm_rope(const float *x, const float *w, double eps, const float *cos, const float *sin, int64_t heads,
+                  int64_t rows, int64_t d, float *out);
+/* x[i] += rmsnorm(y[i], w) in place; then, if out2, out2[i] = rmsnorm(x[i], w2) */
+void g4_add_rmsnorm(float *x, const float *y, const float *w, double eps, const float *w2, float *out2, int64_t n,
+                    int64_t d);
+
 #endif

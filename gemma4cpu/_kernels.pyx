@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from libc.stdint cimport int64_t, uint8_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 
 from gemma4cpu._kernels cimport *
 
@@ -339,3 +339,4 @@ cdef class _PinSession:
 include "_attn.pxi"
 include "_ops.pxi"
 include "_tok.pxi"
+include "_layers.pxi"

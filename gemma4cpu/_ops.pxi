@@ -5,6 +5,16 @@
 from libc.math cimport sqrt
 
 
+cdef extern from "g4_ops.h" nogil:
+    void g4_rmsnorm_rows(const float *x, const float *w, double eps, float *out, int64_t n, int64_t d)
+    void g4_norm_rope(const float *x, const float *w, double eps, const float *cos, const float *sin, int64_t heads,
+                      int64_t rows, int64_t d, float *out)
+    void g4_add_rmsnorm(float *x, const float *y, const float *w, double eps, const float *w2, float *out2,
+                        int64_t n, int64_t d)
+    void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
+                     int64_t ldo, int64_t n, int64_t d)
+
+
 def rmsnorm_rows(const float[:, ::1] x, w, double eps, float[:, ::1] out):
     """out[i] = x[i] * (mean(x[i]^2) + eps)^-1/2 (* w): sum of squares in double, scale rounded
     to float32, then x * scale (* w) in float32. w: float32 (d,) or None. out may alias x."""
@@ -19,25 +29,10 @@ def rmsnorm_rows(const float[:, ::1] x, w, double eps, float[:, ::1] out):
         wv = w
         if wv.shape[0] != d:
             raise ValueError(f"rmsnorm: weight has {wv.shape[0]} values for rows of {d}")
-    cdef double acc
-    cdef float s
+    if n == 0:
+        return
     with nogil:
-        for i in range(n):
-            acc = 0.0
-            for j in range(d):
-                acc = acc + <double>x[i, j] * <double>x[i, j]
-            s = <float>(1.0 / sqrt(acc / d + eps))
-            if has_w:
-                for j in range(d):
-                    out[i, j] = (x[i, j] * s) * wv[j]
-            else:
-                for j in range(d):
-                    out[i, j] = x[i, j] * s
-
-
-cdef extern from "g4_ops.h" nogil:
-    void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
-                     int64_t ldo, int64_t n, int64_t d)
+        g4_rmsnorm_rows(&x[0, 0], &wv[0] if has_w else NULL, eps, &out[0, 0], n, d)
 
 
 def gelu_mul(g, u, float[:, ::1] out, Pool pool=None):
@@ -95,28 +90,10 @@ def norm_rope(const float[:, ::1] x, w, double eps, const float[:, ::1] cos, con
         wv = w
         if wv.shape[0] != d:
             raise ValueError(f"norm_rope: weight has {wv.shape[0]} values for rows of {d}")
-    cdef double acc
-    cdef float s, a, b, c, sn
+    if rows == 0:
+        return
     with nogil:
-        for i in range(rows):
-            acc = 0.0
-            for j in range(d):
-                acc = acc + <double>x[i, j] * <double>x[i, j]
-            s = <float>(1.0 / sqrt(acc / d + eps))
-            if has_w:
-                for j in range(d):
-                    out[i, j] = (x[i, j] * s) * wv[j]
-            else:
-                for j in range(d):
-                    out[i, j] = x[i, j] * s
-            t = i // heads
-            for j in range(half):
-                a = out[i, j]
-                b = out[i, j + half]
-                c = cos[t, j]
-                sn = sin[t, j]
-                out[i, j] = a * c - b * sn
-                out[i, j + half] = b * c + a * sn
+        g4_norm_rope(&x[0, 0], &wv[0] if has_w else NULL, eps, &cos[0, 0], &sin[0, 0], heads, rows, d, &out[0, 0])
 
 
 def add_rmsnorm(float[:, ::1] x, const float[:, ::1] y, w, double eps, w2=None, float[:, ::1] out2=None):
@@ -142,29 +119,8 @@ def add_rmsnorm(float[:, ::1] x, const float[:, ::1] y, w, double eps, w2=None, 
         wv2 = w2
         if wv2.shape[0] != d:
             raise ValueError(f"add_rmsnorm: second weight has {wv2.shape[0]} values for rows of {d}")
-    cdef double acc
-    cdef float s
+    if n == 0:
+        return
     with nogil:
-        for i in range(n):
-            acc = 0.0
-            for j in range(d):
-                acc = acc + <double>y[i, j] * <double>y[i, j]
-            s = <float>(1.0 / sqrt(acc / d + eps))
-            if has_w:
-                for j in range(d):
-                    x[i, j] = x[i, j] + (y[i, j] * s) * wv[j]
-            else:
-                for j in range(d):
-                    x[i, j] = x[i, j] + y[i, j] * s
-            if not norm2:
-                continue
-            acc = 0.0
-            for j in range(d):
-                acc = acc + <double>x[i, j] * <double>x[i, j]
-            s = <float>(1.0 / sqrt(acc / d + eps))
-            if has_w2:
-                for j in range(d):
-                    out2[i, j] = (x[i, j] * s) * wv2[j]
-            else:
-                for j in range(d):
-                    out2[i, j] = x[i, j] * s
+        g4_add_rmsnorm(&x[0, 0], &y[0, 0], &wv[0] if has_w else NULL, eps, &wv2[0] if has_w2 else NULL,
+                       &out2[0, 0] if norm2 else NULL, n, d)

@@ -186,6 +186,34 @@ class KVCache:
         self._len[layer] = p0 + m
         self._lost[layer] = lost
 
+    def reserve(self, m: int) -> list[int]:
+        """Book m new positions n..n+m-1 in every producing layer for a writer that stores the rows
+        itself (the C layer loop, csrc/g4_layers.c: slot = position % n_slots, kv_pos[slot] = position):
+        the checks of append for every layer first (nothing changes if one fails), then the lengths
+        and ring limits. Returns, per producing layer, the slots its attention reads afterwards (what
+        view() gives). A writer that stops part-way leaves slots unwritten: truncate back to n."""
+        m = int(m)
+        p0 = self.n
+        if m < 1:
+            raise ValueError(f"reserve needs m >= 1, got {m}")
+        if any(ln != p0 for ln in self._len):
+            raise ValueError(f"layers hold different lengths {sorted(set(self._len))}; append per layer instead")
+        if p0 + m > self.n_ctx:
+            raise ValueError(f"context full: {p0} + {m} positions > n_ctx={self.n_ctx}")
+        lost = list(self._lost)
+        for il, s in enumerate(self.specs):
+            ns = self.n_slots[il]
+            if s.window and ns < self.n_ctx:
+                if m > self.max_batch:
+                    raise ValueError(f"layer {il}: {m} positions in one append > max_batch={self.max_batch}")
+                lost[il] = max(lost[il], p0 + m - ns)
+                if lost[il] > max(0, p0 - s.window + 1):
+                    raise ValueError(f"layer {il}: appending {p0}..{p0 + m - 1} would drop position {lost[il] - 1}, "
+                                     f"still inside the window of position {p0}")
+        self._len = [p0 + m] * len(self.specs)
+        self._lost = lost
+        return [ns if lo > 0 else p0 + m for ns, lo in zip(self.n_slots, lost)]
+
     def truncate(self, n: int):
         """Roll the logical length back to n (drop positions >= n in every layer), also after a
         ring has wrapped, as long as each ring still holds the window of position n."""

@@ -59,14 +59,22 @@ def norm_rope(x: np.ndarray, w: np.ndarray | None, eps: float, cos: np.ndarray, 
     return out.reshape(n, h, hd)
 
 
-def rope_tables(pos: np.ndarray, hd: int, n_rot: int, base: float, freq_factors: np.ndarray | None):
-    """cos, sin (n, hd/2) for NEOX pairing (i, i + hd/2); rotation angle pos * base^(-2i/n_rot) / factor_i;
-    dims with i >= n_rot/2 (or factor 1e30) are left unrotated (cos 1, sin 0)."""
-    half = hd // 2
-    i = np.arange(half, dtype=np.float64)
+def rope_inv_freq(hd: int, n_rot: int, base: float, freq_factors: np.ndarray | None) -> np.ndarray:
+    """(hd/2,) float64 rotation frequencies base^(-2i/n_rot) / factor_i, 0 for i >= n_rot/2."""
+    i = np.arange(hd // 2, dtype=np.float64)
     inv = np.where(i < n_rot // 2, base ** (-2.0 * i / n_rot), 0.0)
     if freq_factors is not None:
         inv = inv / freq_factors.astype(np.float64)
+    return inv
+
+
+def rope_tables(pos: np.ndarray, hd: int, n_rot: int, base: float, freq_factors: np.ndarray | None,
+                inv: np.ndarray | None = None):
+    """cos, sin (n, hd/2) for NEOX pairing (i, i + hd/2); rotation angle pos * base^(-2i/n_rot) / factor_i;
+    dims with i >= n_rot/2 (or factor 1e30) are left unrotated (cos 1, sin 0). inv: rope_inv_freq's
+    result for these arguments, when the caller keeps it."""
+    if inv is None:
+        inv = rope_inv_freq(hd, n_rot, base, freq_factors)
     ang = pos.astype(np.float64)[:, None] * inv[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
@@ -125,6 +133,19 @@ _call_slices = functools.lru_cache(maxsize=4096)(call_slices)
 def _pool_matmul(pool, tid, rows, k, x, out, r0, r1, placement):
     """Model._mm's C product (a module-level hook: bench/bench_model.py times the calls)."""
     pool.matmul(tid, rows, k, x, out, r0, r1, placement)
+
+
+def _run_layers(loop, pool, x, pos, cos, sin, used):
+    """The C layer loop of a decode / verify step (a module-level hook, like _pool_matmul)."""
+    loop.run(pool, x, pos, cos, sin, used)
+
+
+# Steps of up to LOOP_MAX_TOK tokens (decode, speculative verify) run the layers in C
+# (csrc/g4_layers.c: same calls, same bits as the Python loop below, without ~15 Python-level calls
+# a layer: measured 9-11 % of a 270M decode step with 2 threads). Longer chunks (prefill) keep the
+# Python loop, whose product slicing bounds each C call for Ctrl-C. GEMMA4CPU_LAYER_LOOP=python
+# turns the C loop off (for comparison and debugging).
+LOOP_MAX_TOK = 16
 
 
 # The CPUs this process was allowed at import: a pool pins the thread that calls it, so reading the
@@ -240,6 +261,9 @@ class Model:
                                   f"({cache_type_k}/{cache_type_v}): {e}; lower n_ctx (-c) or use a "
                                   "quantized cache type (q8_0, q4_0)") from None
             self.numa.place_kv(self.cache)
+            self._loop, self._loop_cache = None, None
+            self._inv_freq = {}
+            self.layer_loop = os.environ.get("GEMMA4CPU_LAYER_LOOP", "c").lower() != "python"
             summary = (f"{self.cfg.arch}, {self.cfg.n_layer} layers, {self.w.n_bytes / 2**30:.2f} GiB weights, "
                        f"KV cache {self.cache.nbytes / 2**20:.0f} MiB ({cache_type_k}/{cache_type_v})")
         finally:
@@ -368,6 +392,9 @@ class Model:
         cfg, w = self.cfg, self.w
         n = tokens.size
         pos = np.arange(p0, p0 + n)
+        loop = self._layer_loop() if n <= LOOP_MAX_TOK else None
+        if loop is not None:
+            return self._forward_loop(loop, tokens, pos)
         rope = {}
         x = self.embed(tokens)                                        # (n, D)
         a = None                                                      # attn_norm(x), when the last layer made it
@@ -376,7 +403,8 @@ class Model:
             hd, hq = cfg.head_dim[il], cfg.n_head
             key = (hd, cfg.rope_dim[il], cfg.rope_base[il], id(lw.rope_freq_factors))
             if key not in rope:  # the layers share two or three distinct tables
-                rope[key] = rope_tables(pos, hd, cfg.rope_dim[il], cfg.rope_base[il], lw.rope_freq_factors)
+                rope[key] = rope_tables(pos, hd, cfg.rope_dim[il], cfg.rope_base[il], lw.rope_freq_factors,
+                                        self._inv(key, lw.rope_freq_factors))
             cos, sin = rope[key]
             if a is None:
                 a = rmsnorm(x, lw.attn_norm, cfg.eps)
@@ -409,3 +437,63 @@ class Model:
             if lw.layer_output_scale != 1.0:
                 x = x * np.float32(lw.layer_output_scale)
         return rmsnorm(x, w.output_norm, cfg.eps)                     # (n, D)
+
+    # ---- the C layer loop (decode and verify steps) -------------------------------------------------
+    def _inv(self, key, freq_factors) -> np.ndarray:
+        """rope_inv_freq for a rope key (hd, n_rot, base, id(factors)), computed once."""
+        inv = self._inv_freq.get(key)
+        if inv is None:
+            inv = self._inv_freq[key] = rope_inv_freq(key[0], key[1], key[2], freq_factors)
+        return inv
+
+    def _layer_loop(self):
+        """The C layer loop for this model and cache (built on first use), or None where the Python
+        loop must run: GEMMA4CPU_LAYER_LOOP=python, or a layer with experts or per-layer embeddings."""
+        if not self.layer_loop:
+            return None
+        if self._loop_cache is self.cache:
+            return self._loop
+        cfg, w, cache = self.cfg, self.w, self.cache
+        loop = None
+        if not cfg.n_embd_per_layer and all(lw.moe is None and lw.ple is None for lw in w.layers):
+            keys, layers = [], []
+            for il, lw in enumerate(w.layers):
+                key = (cfg.head_dim[il], cfg.rope_dim[il], cfg.rope_base[il], id(lw.rope_freq_factors))
+                if key not in keys:
+                    keys.append(key)
+                    self._inv(key, lw.rope_freq_factors)
+                nxt = w.layers[il + 1] if il + 1 < len(w.layers) else None
+                src = cache.source[il]
+                if lw.attn_k is not None and src != il:
+                    raise ValueError(f"layer {il} has its own K/V but reads cache {src}")
+                layers.append(dict(
+                    n_head=cfg.n_head, hd=cfg.head_dim[il], src=src, rope=keys.index(key),
+                    window=cfg.sliding_window if cfg.is_swa[il] else 0, v_norm=int(bool(cfg.v_norm)),
+                    attn_scale=float(cfg.attn_scale), out_scale=float(lw.layer_output_scale),
+                    fuse_next=int(nxt is not None and lw.layer_output_scale == 1.0),
+                    q=lw.attn_q, k=lw.attn_k, v=lw.attn_v if lw.attn_k is not None else None, o=lw.attn_output,
+                    gate=lw.ffn_gate, up=lw.ffn_up, down=lw.ffn_down, attn_norm=lw.attn_norm,
+                    q_norm=lw.attn_q_norm, k_norm=lw.attn_k_norm, post_attn_norm=lw.post_attention_norm,
+                    ffn_norm=lw.ffn_norm, post_ffw_norm=lw.post_ffw_norm,
+                    next_attn_norm=nxt.attn_norm if nxt is not None else None))
+            kv = [dict(k=cache.k[i], v=cache.v[i], pos=cache.pos[i], n_head_kv=s.n_head_kv, hd=s.head_dim)
+                  for i, s in enumerate(cache.specs)]
+            loop = _kernels.LayerLoop(layers, kv, cfg.n_embd, float(cfg.eps), cache._tk, cache._tv,
+                                      LOOP_MAX_TOK, len(keys))
+            self._loop_rope = [(k[0], k[1], k[2], self._inv_freq[k]) for k in keys]
+        self._loop, self._loop_cache = loop, self.cache
+        return loop
+
+    def _forward_loop(self, loop, tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """_forward_chunk's layers in one C loop (n <= LOOP_MAX_TOK tokens): the cache bookkeeping
+        first (KVCache.reserve: the same checks as append, nothing changed if one fails), then the
+        layers, then the final norm."""
+        x = self.embed(tokens)                                        # (n, D), this call's own array
+        used = self.cache.reserve(tokens.size)
+        cos, sin = [], []
+        for hd, n_rot, base, inv in self._loop_rope:
+            c, s = rope_tables(pos, hd, n_rot, base, None, inv)
+            cos.append(c)
+            sin.append(s)
+        _run_layers(loop, self._pool, x, pos.astype(np.int32), tuple(cos), tuple(sin), used)
+        return rmsnorm(x, self.w.output_norm, self.cfg.eps)           # (n, D)
