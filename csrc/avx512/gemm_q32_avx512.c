@@ -1,37 +1,32 @@
 /* gemm_q32_avx512.c: Q8_0 / Q4_0 / Q5_0 weights x Q8_0 activations, and F32 / F16 / BF16 weights x
  * float activations, avx512 + VNNI, n_tok = 1..16 (bit-identical to gemm_ref.c).
  *
- * 32-blocks: weights are unpacked to signed bytes two blocks per vector, once per row for all
- * tokens. vpdpbusd needs an unsigned operand, so the activations are copied once per call into a
- * stack buffer as x + 128 (u8), and each weight block's correction -128 * sum(w) (shared by every
- * token) is the starting value of the dot product. One token (q_row) does it the other way round:
- * the weights go to the unsigned domain (Q8_0 w + 128, Q4_0 / Q5_0 their stored 4- / 5-bit values)
- * and the per-block correction -bias * sum(x), computed once per call, is added after the merge
- * tree; a 16-block group with 8 or fewer blocks left skips the empty pairs and half the tree.
- * A/B in one process, 2 threads, k = 640: in-cache rows Q5_0 18.0 -> 23.3 GB/s, Q8_0 38.4 -> 41.4;
- * 113 MiB of Q5_0 from memory 11.0 -> 14.9 GB/s, then the L2 prefetch at least G4X_PFMIN bytes
- * ahead (several short rows) 17.9 -> 20.2 (Q8_0 20.4 -> 22.1). 16 blocks of one (row, token) are reduced
- * together by a merge tree; (float)isum * (d_w * d_x) is vectorised over the 16 blocks, and only
- * the final acc = acc + p additions run in block order (scalar). */
+ * 32-blocks: weights are unpacked to bytes two blocks per vector, once per row for all tokens. The
+ * batch paths copy the activations once per call into a stack buffer as x + 128 (vpdpbusd needs an
+ * unsigned operand), and each weight block's correction -128 * sum(w) (shared by every token) is
+ * the starting value of the dot product. One token (q_rows16) does it the other way round: the
+ * weights go to the unsigned domain (Q8_0 w + 128, Q4_0 / Q5_0 their stored 4- / 5-bit values) and
+ * the per-block correction -bias * sum(x), the same for every row, is one broadcast add per block.
+ * Dot products of 16 items (rows, or rows x tokens) for a pair of blocks are reduced together by a
+ * transposed merge tree, so (float)isum * (d_w * d_x) and the in-order accumulation acc = acc + p
+ * run on 16 item lanes.
+ * One token, single thread, A/B in one process against the former one-row-at-a-time path (4 rows
+ * interleaved, a scalar in-order sum per row; 2-vCPU Xeon with AMX, noisy host, medians of 9
+ * alternating calls): k = 640 in L2 0.62-0.77x the time (Q8_0 / Q5_0 / Q4_0), from memory (64 MiB)
+ * 0.76-0.94x; Q8_0 k = 5376 from memory 0.91-0.99x. */
 #include "avx512.h"
 
 #ifndef G4X_QTG
 #define G4X_QTG 1
 #endif
-#ifndef G4X_PFMIN
-#define G4X_PFMIN 16384 /* bytes: at least this far ahead (short rows: several rows ahead) */
-#endif
 #define QBUF (112 * 1024) /* stack budget for one chunk of biased activations (36 B per block) */
 
 G4_AI int q_lane_of_block(int beta) { return (beta >> 1) | ((beta & 1) << 3); }
 
-/* activations and f32 scales of blocks [c0, c0+kc) of n tokens; kcp = kc rounded up to 16.
- * bias != 0 (one-token path): the bytes are stored as they are (signed) and xc[] receives, in the
- * lane order of dxp, the per-block correction -bias * sum(x) that turns the dot product of the
- * unsigned-domain weights (see q_unpack2) into the signed one. bias == 0 (batch paths): the bytes
- * are stored as x + 128 (unsigned) and the weights carry the correction. */
-static void q_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, int kcp, uint8_t *xu, float *dxp,
-                      int bias, int32_t *xc) {
+/* activations and f32 scales of blocks [c0, c0+kc) of n tokens (the batch paths); kcp = kc rounded up
+ * to 16. The bytes are stored as x + 128 (unsigned) and the weights carry the correction; dxp is in
+ * the lane order of the merge tree (q_lane_of_block). */
+static void q_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, int kcp, uint8_t *xu, float *dxp) {
     const __m256i b80 = _mm256_set1_epi8((char)0x80);
     for (int t = 0; t < n; t++) {
         const block_q8_0 *xb = (const block_q8_0 *)(x + (size_t)t * xrb) + c0;
@@ -41,19 +36,11 @@ static void q_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, i
             const int li = (b & ~15) + q_lane_of_block(b & 15);
             if (b < kc) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)xb[b].qs);
-                const __m256i vb = _mm256_xor_si256(v, b80);
-                _mm256_store_si256((__m256i *)(u + 32 * b), bias ? v : vb);
+                _mm256_store_si256((__m256i *)(u + 32 * b), _mm256_xor_si256(v, b80));
                 d[li] = g4_fp16_to_fp32(xb[b].d);
-                if (bias) { /* sum(x) = sum(x + 128) - 32 * 128 */
-                    const __m256i sad = _mm256_sad_epu8(vb, _mm256_setzero_si256());
-                    const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-                    const int sum = (int)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-                    xc[li] = -bias * sum;
-                }
             } else {
                 _mm256_store_si256((__m256i *)(u + 32 * b), _mm256_setzero_si256());
                 d[li] = 0.0f;
-                if (bias) xc[li] = 0;
             }
         }
     }
@@ -63,7 +50,7 @@ enum { QT_Q8_0, QT_Q4_0, QT_Q5_0 };
 
 /* weights of blocks b, b+1 (b+1 only if two) of a row, 32 bytes each: signed (uns = 0), or in the
  * unsigned domain (uns = 1): w + 128 for Q8_0, the stored 4- / 5-bit values (w + 8 / w + 16) for Q4_0 / Q5_0, so that
- * vpdpbusd takes them as its unsigned operand against signed activations (q_prepare's bias). */
+ * vpdpbusd takes them as its unsigned operand against signed activations (q_prepare1's correction). */
 G4_AI __m512i q_unpack2(const int QT, const uint8_t *p, const int BB, int two, const int uns) {
     __m512i v;
     if (QT == QT_Q8_0) {
@@ -84,7 +71,7 @@ G4_AI __m512i q_unpack2(const int QT, const uint8_t *p, const int BB, int two, c
         uint32_t ha, hb = 0;
         memcpy(&ha, p + 2, 4);
         if (two) memcpy(&hb, p + BB + 2, 4);
-        const __mmask64 hm = _mm512_kunpackd(_cvtu64_mask64(hb), _cvtu64_mask64(ha));
+        const __mmask64 hm = _cvtu64_mask64((uint64_t)ha | ((uint64_t)hb << 32));
         v = _mm512_mask_add_epi8(v, hm, v, _mm512_set1_epi8(16));
         if (!uns) v = _mm512_sub_epi8(v, _mm512_set1_epi8(16));
     }
@@ -92,67 +79,74 @@ G4_AI __m512i q_unpack2(const int QT, const uint8_t *p, const int BB, int two, c
     return v;
 }
 
-/* One token, NR rows at once (rows wr + rr * wrb): their in-order accumulation chains (16 dependent
- * float adds per 16 blocks) interleave instead of one row's chain setting the pace, and each row's
- * 16-block run of the row NR further on is prefetched into L2 (pfnext bytes ahead; 0 = none at the
- * end of the range) besides the in-row prefetch 32 blocks ahead into L1. A/B in one process, 2
- * threads each streaming 0.5 GiB of Q8_0 (Sapphire Rapids-class VM, probe 32.7 GB/s): one row
- * with in-row prefetch only 55.9 ms (19.2 GB/s), 1 row + next-row L2 prefetch 43.9, 2 rows 41.7,
- * 4 rows 38.3 (28.1 GB/s); 8 rows ahead instead of 4 and in-row distances 16 / 64 changed nothing. */
-#define Q_NR 4
-G4_AI void q_row(const int NR, const int QT, const uint8_t *wr, size_t wrb, const uint8_t *xs, const float *dxp,
-                 const int32_t *xc, int kc, float *acc, const size_t pfnext) {
+/* One token, 16 rows in the 16 lanes (rows r..r+15, consecutive, wrb bytes apart): for each pair of
+ * blocks the 16 rows' dot-product vectors are reduced together by one transposed merge tree, so the
+ * per-block float ops and the in-order accumulation run on 16 row lanes (no scalar chain). The
+ * weights are in the unsigned domain (q_unpack2 uns = 1) against the signed activations; the
+ * correction -bias * sum(x) of a block is the same for every row: one broadcast add per block. */
+#ifndef G4X_R16PF
+#define G4X_R16PF 1 /* prefetch the next 16-row group (contiguous) into L2 while this one runs */
+#endif
+#ifndef G4X_R16L1
+#define G4X_R16L1 8 /* blocks ahead in each row, into L1 */
+#endif
+G4_AI void q_rows16(const int QT, const uint8_t *w0, size_t wrb, int nr, const uint8_t *xs, const float *dx,
+                    const int32_t *xc, int kc, float *acc16, const uint8_t *pf, size_t pfbytes) {
     const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
-    __m512i gidx;
-    {
-        int o[16];
-        for (int i = 0; i < 16; i++) o[i] = BB * (2 * (i & 7) + (i >> 3));
-        gidx = _mm512_loadu_si512(o);
-    }
-    float a[Q_NR];
-    for (int rr = 0; rr < NR; rr++) a[rr] = acc[rr];
-    for (int g = 0; g < kc; g += 16) {
-        const int cnt = kc - g < 16 ? kc - g : 16;
-        const int jn = (cnt + 1) / 2; /* block pairs present */
-        /* lane i <-> block 2*(i&7) + (i>>3) */
-        const __mmask16 vm = cnt == 16 ? 0xFFFF : (__mmask16)(((1u << jn) - 1) | (((1u << (cnt / 2)) - 1) << 8));
-        const uint8_t *xv = xs + (size_t)g * 32;
-        const __m512 dxg = _mm512_load_ps(dxp + g);
-        const __m512i xcg = _mm512_load_si512(xc + g);
+    const uint8_t *wrow[16];
+    for (int i = 0; i < 16; i++) wrow[i] = w0 + (size_t)(i < nr ? i : nr - 1) * wrb;
+    __m512 acc = _mm512_loadu_ps(acc16);
+    const int np = (kc + 1) / 2;
+    const size_t pfstep = np ? (pfbytes + (size_t)np - 1) / (size_t)np : 0;
+    for (int j = 0; j < np; j++) {
+        const int b = 2 * j, two = b + 1 < kc;
+        if (G4X_R16PF && pf)
+            for (size_t o = (size_t)j * pfstep; o < (size_t)(j + 1) * pfstep && o < pfbytes; o += 64)
+                _mm_prefetch((const char *)pf + o, _MM_HINT_T1);
+        const __m512i X = _mm512_load_si512(xs + 64 * j);
+        _Alignas(32) uint16_t dwr[2][16];
+        __m512i D[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            const uint8_t *p = wrow[i] + (size_t)b * BB;
+            if (G4X_R16L1 > 0) _mm_prefetch((const char *)p + G4X_R16L1 * BB, _MM_HINT_T0);
+            memcpy(&dwr[0][i], p, 2);
+            if (two) memcpy(&dwr[1][i], p + BB, 2);
+            D[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q_unpack2(QT, p, BB, two, 1), X);
+        }
+        __m512i U[8], T[4], Xm[2];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) U[u] = g4x_merge(D[2 * u], D[2 * u + 1], 1);
 #pragma GCC unroll 4
-        for (int rr = 0; rr < NR; rr++) {
-            const uint8_t *p = wr + rr * wrb + (size_t)g * BB;
-            for (int o = 0; o < 16 * BB; o += 64) _mm_prefetch((const char *)p + 32 * BB + o, _MM_HINT_T0);
-            if (pfnext)
-                for (int o = 0; o < 16 * BB; o += 64) _mm_prefetch((const char *)p + pfnext + o, _MM_HINT_T1);
-            /* unsigned-domain weights x signed activations; the correction (xc) is added once per 16 blocks */
-            __m512i D[8];
-            for (int j = 0; j < 8; j++)
-                D[j] = j < jn ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), q_unpack2(QT, p + (size_t)(2 * j) * BB, BB, 2 * j + 1 < cnt, 1),
-                                                    _mm512_load_si512(xv + 64 * j))
-                              : _mm512_setzero_si512();
-            const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), vm, gidx, p, 1);
-            const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
-            const __m512i U0 = g4x_merge(D[0], D[1], 1), U1 = g4x_merge(D[2], D[3], 1);
-            const __m512i T0 = g4x_merge(U0, U1, 2);
-            __m512i T1 = _mm512_setzero_si512();
-            if (jn > 4) {
-                const __m512i U2 = g4x_merge(D[4], D[5], 1), U3 = g4x_merge(D[6], D[7], 1);
-                T1 = g4x_merge(U2, U3, 2);
-            }
-            const __m512i S = _mm512_add_epi32(g4x_merge(T0, T1, 4), xcg);
-            _Alignas(64) float pr[16];
-            _mm512_store_ps(pr, _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(dw, dxg)));
-            float x = a[rr];
-            if (cnt == 16) {
-                for (int j = 0; j < 8; j++) { x = x + pr[j]; x = x + pr[j + 8]; }
-            } else {
-                for (int b = 0; b < cnt; b++) x = x + pr[q_lane_of_block(b)];
-            }
-            a[rr] = x;
+        for (int u = 0; u < 4; u++) T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 2);
+        Xm[0] = g4x_merge(T[0], T[1], 4);
+        Xm[1] = g4x_merge(T[2], T[3], 4);
+        const __m512i F0 = _mm512_shuffle_i64x2(Xm[0], Xm[1], 0x44), F1 = _mm512_shuffle_i64x2(Xm[0], Xm[1], 0xEE);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            if (h && !two) break;
+            const __m512i S = _mm512_add_epi32(h ? F1 : F0, _mm512_set1_epi32(xc[b + h]));
+            const __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dwr[h])),
+                                            _mm512_set1_ps(dx[b + h]));
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(S), dd));
         }
     }
-    for (int rr = 0; rr < NR; rr++) acc[rr] = a[rr];
+    _mm512_storeu_ps(acc16, acc);
+}
+
+/* activations of blocks [c0, c0+kc) of one token in block order: signed bytes (zero-padded to an even
+ * count of blocks), d_x, and the correction -bias * sum(x) per block */
+static void q_prepare1(const uint8_t *x, int64_t c0, int kc, uint8_t *xs, float *dx, int32_t *xc, int bias) {
+    const block_q8_0 *xb = (const block_q8_0 *)x + c0;
+    for (int b = 0; b < kc; b++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)xb[b].qs);
+        _mm256_store_si256((__m256i *)(xs + 32 * b), v);
+        dx[b] = g4_fp16_to_fp32(xb[b].d);
+        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+        const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+        xc[b] = -bias * ((int)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128);
+    }
+    if (kc & 1) _mm256_store_si256((__m256i *)(xs + 32 * kc), _mm256_setzero_si256());
 }
 
 /* n_tok >= 2: R = 16/NT rows x NT tokens = up to 16 items, lane i = item i (row i/NT, token i%NT).
@@ -452,19 +446,19 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
         return;
     }
     if (NT == 1) {
+        const int bias = QT == QT_Q8_0 ? 128 : QT == QT_Q4_0 ? 8 : 16;
         for (int64_t c0 = 0; c0 < nb; c0 += KC) {
             const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
-            const int kcp = (kc + 15) & ~15;
-            q_prepare(x, xrb, NT, c0, kc, kcp, xu, dxp, QT == QT_Q8_0 ? 128 : QT == QT_Q4_0 ? 8 : 16, xc);
-            /* L2 prefetch distance: the next Q_NR rows, or more rows when they are short */
-            int64_t pfr = Q_NR;
-            while ((size_t)pfr * (size_t)kc * BB < (size_t)G4X_PFMIN) pfr += Q_NR;
-            for (int64_t r = r0; r < r1; r += Q_NR) {
-                float acc[Q_NR];
-                const int nr = r1 - r < Q_NR ? (int)(r1 - r) : Q_NR;
-                for (int i = 0; i < nr; i++) acc[i] = c0 > 0 ? y[r + i] : 0.0f;
-                const size_t pn = r + Q_NR + pfr <= r1 ? (size_t)pfr * wrb : 0;
-                q_row(nr, QT, w + (size_t)r * wrb + (size_t)c0 * BB, wrb, xu, dxp, xc, kc, acc, pn);
+            q_prepare1(x, c0, kc, xu, dxp, xc, bias);
+            for (int64_t r = r0; r < r1; r += 16) {
+                _Alignas(64) float acc[16];
+                const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
+                for (int i = 0; i < 16; i++) acc[i] = (c0 > 0 && i < nr) ? y[r + i] : 0.0f;
+                const int64_t rn = r + 16, nn = r1 - rn < 16 ? r1 - rn : 16;
+                const uint8_t *pf = nn > 0 ? w + (size_t)rn * wrb + (size_t)c0 * BB : NULL;
+                /* the next group's rows, from its first block of this chunk to its last row's chunk end */
+                const size_t pfb = nn > 0 ? (size_t)(nn - 1) * wrb + (size_t)kc * BB : 0;
+                q_rows16(QT, w + (size_t)r * wrb + (size_t)c0 * BB, wrb, nr, xu, dxp, xc, kc, acc, pf, pfb);
                 for (int i = 0; i < nr; i++) y[r + i] = acc[i];
             }
         }
@@ -478,7 +472,7 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
     for (int64_t c0 = 0; c0 < nb; c0 += KC) {
         const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
         const int kcp = (kc + 15) & ~15;
-        q_prepare(x, xrb, NT, c0, kc, kcp, xu, dxp, 0, NULL);
+        q_prepare(x, xrb, NT, c0, kc, kcp, xu, dxp);
         /* dx per item lane, block-major: reuse the tail of dxp's storage is not possible; build in place */
         float *dxi = (float *)(xu + (size_t)NT * kcp * 32); /* fits: NT*kcp*32 + kcp*64 <= QBUF checked below */
         for (int b = 0; b < kcp; b++)
