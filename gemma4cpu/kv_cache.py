@@ -212,7 +212,11 @@ class KVCache:
                                      f"still inside the window of position {p0}")
         self._len = [p0 + m] * len(self.specs)
         self._lost = lost
-        return [ns if lo > 0 else p0 + m for ns, lo in zip(self.n_slots, lost)]
+        return self.used_slots()
+
+    def used_slots(self) -> list[int]:
+        """Per producing layer, the slots view() gives to the attention (for writers and readers in C)."""
+        return [ns if lo > 0 else ln for ns, lo, ln in zip(self.n_slots, self._lost, self._len)]
 
     def truncate(self, n: int):
         """Roll the logical length back to n (drop positions >= n in every layer), also after a

@@ -158,3 +158,33 @@ def test_interrupt_inside_the_loop_leaves_a_cache_that_continues_exactly(files):
 
 def test_max_tok_matches_the_kernel_tile():
     assert LOOP_MAX_TOK == 16  # one 16-token tile of the small-batch kernels per product
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory):
+    torch.set_num_threads(2)
+    d = tmp_path_factory.mktemp("lld")
+    hf_tiny.build("dense", d / "t", seed=2)
+    hf_tiny.build("assistant", d / "a", seed=2)
+    return convert(d / "t", d / "t.gguf", "q8_0", quiet=True), convert(d / "a", d / "a.gguf", "q8_0", quiet=True)
+
+
+@pytest.mark.parametrize("cache", ["f16", "q4_0"])
+def test_drafter_c_loop_equals_python_loop(drafter, cache):
+    """The MTP assistant's Q-only layers run as the C loop's KV-shared layers over the target's cache:
+    the same draft logits and next hidden, bit for bit, at positions inside and past the sliding window."""
+    from gemma4cpu.assistant import Assistant
+    m = Model(drafter[0], n_ctx=64, threads=2, cache_type_k=cache, cache_type_v=cache, progress=False)
+    a = Assistant(drafter[1], m)
+    assert a._layer_loop() is not None
+    for P in (3, 12, 21):
+        m.cache.truncate(0)
+        _, h = m.forward(IDS[:P], "all")
+        out = {}
+        for c_loop in (False, True):
+            m.layer_loop = c_loop
+            lg, hn = a.step(IDS[P - 1], h[-1], P)
+            lg2, _ = a.step(int(np.argmax(lg)), hn, P)
+            out[c_loop] = (lg, hn, lg2)
+        for x, y in zip(out[False], out[True]):
+            np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"P={P}")
