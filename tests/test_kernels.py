@@ -117,7 +117,7 @@ def test_batch_invariance(isa, rng, t):
         np.testing.assert_array_equal(y.view(np.uint32), single[:n].view(np.uint32), err_msg=f"n={n}")
 
 
-@pytest.mark.parametrize("t", ["Q4_K", "Q8_0", "Q6_K", "F16"])
+@pytest.mark.parametrize("t", ["Q4_K", "Q8_0", "Q6_K", "Q5_0", "Q4_0", "F16"])
 @pytest.mark.parametrize("n_tok", [17, 64, 100])
 def test_prefill_tiles_equal_single_token(isa, rng, t, n_tok):
     """The pool's prefill path (token tiles, L2 row chunks, 2 threads) changes no bit."""
@@ -147,7 +147,7 @@ def test_partial_row_ranges_write_only_their_rows(isa, rng, t, r0, r1, n_tok):
         check_product(t, w, k, x, y, r0, r1)
 
 
-@pytest.mark.parametrize("t", ["Q4_K", "Q8_0", "F16"])
+@pytest.mark.parametrize("t", ["Q4_K", "Q8_0", "Q5_0", "F16"])
 @pytest.mark.parametrize("offset", [4, 32])
 def test_misaligned_weights(isa, rng, t, offset):
     """GGUF tensor data is only 32-byte aligned (and we accept any offset)."""

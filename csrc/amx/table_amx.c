@@ -3,4 +3,5 @@
  * this process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, g4_dispatch.c). */
 #include "amx.h"
 
-const g4_kernels g4_kernels_amx = G4_AVX512_FAMILY_TABLE("amx", g4_gemm_q8_0_q8_0_amx, g4_gemm_q4_K_q8_K_amx);
+const g4_kernels g4_kernels_amx = G4_AVX512_FAMILY_TABLE("amx", g4_gemm_q4_0_q8_0_amx, g4_gemm_q5_0_q8_0_amx,
+                                                        g4_gemm_q8_0_q8_0_amx, g4_gemm_q4_K_q8_K_amx);
