@@ -5,9 +5,13 @@
  * gemma4cpu.isa.use(name) switches attention together with the products. */
 #include <stdio.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "g4_attn.h"
 #include "g4_blocks.h"
+#include "g4_kernels.h"
 #include "g4_impl.h"
 #include "g4_pool.h"
 
@@ -27,6 +31,34 @@ size_t g4_kv_slot_bytes(int kv_type, int n_head_kv, int hd) {
     return (size_t)n_head_kv * g4_kv_head_bytes(kv_type, hd);
 }
 
+/* f32 -> f16 rows for the cache. With F16C (every AVX2 CPU) 8 at a time by vcvtps2ph, round to
+ * nearest even: the same bits as g4_fp32_to_fp16 for every input (overflow to inf from 65520,
+ * subnormals rounded, NaN quieted with its payload truncated), ~50x faster (a 270M pp512 spent
+ * 40 ms of 1.15 s in the scalar loop). */
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx,f16c"))) static void kv_f16_row_f16c(const float *src, g4_half *h, int64_t k) {
+    int64_t e = 0;
+    for (; e + 8 <= k; e += 8)
+        _mm_storeu_si128((__m128i *)(h + e), _mm256_cvtps_ph(_mm256_loadu_ps(src + e), _MM_FROUND_TO_NEAREST_INT));
+    for (; e < k; e++) h[e] = g4_fp32_to_fp16(src[e]);
+}
+static int kv_has_f16c(void) {
+    static int v = -1;
+    if (v < 0) v = (g4_cpu_features() & (1u << 2)) != 0; /* the f16c bit (g4_dispatch.c feature_names) */
+    return v;
+}
+#endif
+
+static void kv_f16_row(const float *src, g4_half *h, int64_t k) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (kv_has_f16c()) {
+        kv_f16_row_f16c(src, h, k);
+        return;
+    }
+#endif
+    for (int64_t e = 0; e < k; e++) h[e] = g4_fp32_to_fp16(src[e]);
+}
+
 int g4_kv_store(int kv_type, const float *x, int64_t n, int n_head_kv, int hd, void *cache, size_t slot_bytes,
                 const int64_t *slots) {
     const size_t need = g4_kv_slot_bytes(kv_type, n_head_kv, hd);
@@ -37,11 +69,7 @@ int g4_kv_store(int kv_type, const float *x, int64_t n, int n_head_kv, int hd, v
         uint8_t *dst = (uint8_t *)cache + (size_t)slots[r] * slot_bytes;
         switch (kv_type) {
         case G4_KV_F32: memcpy(dst, src, (size_t)k * sizeof(float)); break;
-        case G4_KV_F16: {
-            g4_half *h = (g4_half *)dst;
-            for (int64_t e = 0; e < k; e++) h[e] = g4_fp32_to_fp16(src[e]);
-            break;
-        }
+        case G4_KV_F16: kv_f16_row(src, (g4_half *)dst, k); break;
         case G4_KV_Q8_0: g4_quantize_row_q8_0_ref(src, dst, k); break;
         default: g4_kv_quantize_row_q4_0_ref(src, dst, k); break;
         }

@@ -15,8 +15,8 @@ void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int
 
 
 /* Row norms of the forward pass (the float ops of model.rmsnorm / norm_rope / add_rmsnorm, which
- * call these): per row, sum of squares in double in element order, scale s = (float)(1 / sqrt(sum / d
- * + eps)), then (x * s) * w in float32 (w may be NULL: no weight). Rows are contiguous (d values). */
+ * call these): per row, sum of squares in double (8 interleaved partial sums, a fixed order), scale
+ * s = (float)(1 / sqrt(sum / d + eps)), then (x * s) * w in float32 (w may be NULL: no weight). Rows are contiguous (d values). */
 void g4_rmsnorm_rows(const float *x, const float *w, double eps, float *out, int64_t n, int64_t d);
 /* rows = n_tok * heads rows of d (even) values, row i rotated (NEOX pairs j, j + d/2) with row i / heads of
  * cos / sin (n_tok, d/2) after its norm; out may alias x */

@@ -1,8 +1,8 @@
-# Small per-row vector operations of the forward pass (included by _kernels.pyx). They run with the
-# GIL released, on the calling thread (rmsnorm) or over a pool (gelu_mul, csrc/g4_ops.c); each row
+# Small per-row vector operations of the forward pass (included by _kernels.pyx), all in
+# csrc/g4_ops.c (the C layer loop calls the same functions). They run with the GIL released, on the
+# calling thread (the norms) or over a pool (gelu_mul); each row
 # or element is computed on its own, in a fixed order, so a result never depends on how many rows
 # share the call (batch invariance).
-from libc.math cimport sqrt
 
 
 cdef extern from "g4_ops.h" nogil:
@@ -16,7 +16,8 @@ cdef extern from "g4_ops.h" nogil:
 
 
 def rmsnorm_rows(const float[:, ::1] x, w, double eps, float[:, ::1] out):
-    """out[i] = x[i] * (mean(x[i]^2) + eps)^-1/2 (* w): sum of squares in double, scale rounded
+    """out[i] = x[i] * (mean(x[i]^2) + eps)^-1/2 (* w): sum of squares in double (8 interleaved
+    partial sums in a fixed order), scale rounded
     to float32, then x * scale (* w) in float32. w: float32 (d,) or None. out may alias x."""
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1], i, j
     if out.shape[0] != n or out.shape[1] != d:

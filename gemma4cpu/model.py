@@ -1,10 +1,13 @@
 """Gemma 3 / Gemma 4 (dense) forward pass over the C kernels (spec section 2).
 
 Matrix products go through one pool call each (gemma4cpu.kernels.matmul); the small per-token
-vector work is per-row Cython (RMSNorm; gemma4cpu/_ops.pxi), C over the pool (the gated GELU;
-csrc/g4_ops.c) and numpy (RoPE, residuals). Attention is one C flash-attention call per layer
-over the KV cache (gemma4cpu.kv_cache: f16 by default, f32/q8_0/q4_0 as options, sliding layers
-in a ring that allows rolling back rejected drafts). A call with more tokens than `max_batch` runs
+vector work is C (RMSNorm, fused norm + RoPE and residual + norm: csrc/g4_ops.c, on the calling
+thread; the gated GELU over the pool). Calls of up to LOOP_MAX_TOK tokens (decode, speculative
+verify) run every layer in one C loop (csrc/g4_layers.c, gemma4cpu/_layers.pxi), which makes the
+same calls in the same order as the Python loop of _forward_chunk (the same bits); longer calls
+(prefill chunks) and models with experts or per-layer embeddings use the Python loop. Attention
+is one C flash-attention call per layer over the KV cache (gemma4cpu.kv_cache: f16 by default,
+f32/q8_0/q4_0 as options, sliding layers in a ring that allows rolling back rejected drafts). A call with more tokens than `max_batch` runs
 through the whole network in chunks of `max_batch` (prefill); every kernel is batch-invariant, so
 the chunking never changes a result.
 

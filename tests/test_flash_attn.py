@@ -348,6 +348,32 @@ def test_table_report():
             assert _kernels.attn_active() == ("avx512" if name == "amx" else name)
 
 
+def test_f16_store_rounds_every_edge_like_numpy():
+    """The f16 cache store (vcvtps2ph where the CPU has F16C, 8 lanes at a time; the scalar rounding
+    on other CPUs) against numpy's round-to-nearest-even float16, on the edges: ties at
+    every exponent, the overflow threshold 65520, subnormal halves and their ties, signed zeros,
+    infinities; NaNs keep sign and top payload bits with the quiet bit set."""
+    f = np.float32
+    edge = [0.0, -0.0, 1.0, 65504.0, 65519.996, 65520.0, -65520.0, 1e9, np.inf, -np.inf,
+            2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.0000001, 3 * 2.0 ** -25, 2.0 ** -14, 2.0 ** -14 * (1 - 2 ** -12),
+            1 + 2 ** -11, 1 + 3 * 2 ** -11, -(1 + 2 ** -11), 2.0 ** -26, 6e-8, -6e-8, 1e-30]
+    rng = np.random.default_rng(3)
+    nans = np.array([0x7FC00000, 0xFFC00001, 0x7F800001, 0xFFA5A5A5, 0x7FBFFFFF], np.uint32)  # quiet, signalling
+    bits = rng.integers(0, 2 ** 32, 200, dtype=np.uint64).astype(np.uint32)  # any pattern
+    x = np.concatenate([np.array(edge, f), nans.view(f), bits.view(f)])
+    x = np.resize(x, 3 * 128).reshape(3, 128).astype(f)   # 128-wide rows: the 8-lane path and no tail
+    b, _ = store(x, "f16", 1, 128)
+    got = b.view(np.uint16).reshape(x.shape)
+    xb = x.view(np.uint32)
+    nan = np.isnan(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    want_nan = (((xb >> 16) & 0x8000) | 0x7E00 | ((xb >> 13) & 0x3FF)).astype(np.uint16)
+    want = np.where(nan, want_nan, want)
+    assert nan.any() and (np.abs(x[~nan]) >= 65520).any()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_store_matches_references(rng):
     x = (rng.standard_normal((5, 2 * 64)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
     x[1, :32] = 0.0  # an all-zero block
