@@ -15,6 +15,9 @@
 
 #include "g4_ops.h"
 
+/* 0: the 16-lane GELU is off (tests compare it with the 4-lane one) */
+int g4_gelu_wide_ok = 1;
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
@@ -45,9 +48,57 @@ static inline __m128 g4_gelu_mul4(__m128 x, __m128 u) {
     return _mm_mul_ps(_mm_div_ps(x, _mm_add_ps(_mm_set1_ps(1.0f), e)), u);
 }
 
-/* one row piece: out[j] = gelu_tanh(g[j]) * u[j]; the tail goes through the same 4-lane code */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+uint32_t g4_cpu_features(void);
+
+/* The same expression on 16 lanes where the CPU has AVX-512 F: each element is computed on its own
+ * by the same float ops in the same order (no FMA: contraction is off for this function, checked by
+ * the tests' bit comparison against the 4-lane path), so the bits do not depend on the width. */
+#define G4_GELU512 __attribute__((target("avx512f"), optimize("fp-contract=off")))
+G4_GELU512 static inline __m512 g4_expf16(__m512 t) {
+    t = _mm512_max_ps(_mm512_min_ps(t, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-87.0f));
+    const __m512 M = _mm512_set1_ps(12582912.0f);
+    const __m512 kf = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)), M), M);
+    const __m512 r = _mm512_sub_ps(_mm512_sub_ps(t, _mm512_mul_ps(kf, _mm512_set1_ps(0.693359375f))),
+                                   _mm512_mul_ps(kf, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
+    const __m512i k = _mm512_cvtps_epi32(kf);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23)));
+}
+
+G4_GELU512 static int64_t g4_gelu_mul_row16(const float *g, const float *u, float *o, int64_t n) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const __m512 x = _mm512_loadu_ps(g + j);
+        const __m512 z = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                                       _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), x), x)));
+        const __m512 e = g4_expf16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), z));
+        _mm512_storeu_ps(o + j, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), _mm512_loadu_ps(u + j)));
+    }
+    return j;
+}
+
+static int g4_gelu_wide(void) {
+    static int v = -1;
+    if (v < 0) v = (g4_cpu_features() & (1u << 3)) != 0; /* avx512f (g4_dispatch.c feature bits) */
+    return v;
+}
+#endif
+
+/* one row piece: out[j] = gelu_tanh(g[j]) * u[j]; 16 lanes where AVX-512 is there, then 4 lanes; the
+ * tail goes through the same 4-lane code */
 void g4_gelu_mul_row(const float *g, const float *u, float *o, int64_t n) {
     int64_t j = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (g4_gelu_wide_ok && g4_gelu_wide()) j = g4_gelu_mul_row16(g, u, o, n);
+#endif
     for (; j + 4 <= n; j += 4) _mm_storeu_ps(o + j, g4_gelu_mul4(_mm_loadu_ps(g + j), _mm_loadu_ps(u + j)));
     if (j < n) {
         float gb[4] = {0}, ub[4] = {0}, ob[4];

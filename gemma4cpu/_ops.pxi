@@ -11,6 +11,7 @@ cdef extern from "g4_ops.h" nogil:
                       int64_t rows, int64_t d, float *out)
     void g4_add_rmsnorm(float *x, const float *y, const float *w, double eps, const float *w2, float *out2,
                         int64_t n, int64_t d)
+    int g4_gelu_wide_ok
     void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
                      int64_t ldo, int64_t n, int64_t d)
 
@@ -34,6 +35,15 @@ def rmsnorm_rows(const float[:, ::1] x, w, double eps, float[:, ::1] out):
         return
     with nogil:
         g4_rmsnorm_rows(&x[0, 0], &wv[0] if has_w else NULL, eps, &out[0, 0], n, d)
+
+
+def set_gelu_wide(bint on):
+    """Let gelu_mul use 16 lanes where the CPU has AVX-512 (default) or not; returns the previous
+    setting. The bits are the same either way (tests/test_ops.py checks it)."""
+    cdef bint old = g4_gelu_wide_ok != 0
+    global g4_gelu_wide_ok
+    g4_gelu_wide_ok = 1 if on else 0
+    return old
 
 
 def gelu_mul(g, u, float[:, ::1] out, Pool pool=None):
