@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # AddressSanitizer + UndefinedBehaviorSanitizer run of the C kernels (issue 8).
 #
-#   tools/sanitize_tests.sh                 # kernel, attention, cache, pool, tokenizer and loader tests
+#   tools/sanitize_tests.sh                 # kernel, attention, cache, pool, tokenizer, loader and layer-loop tests
 #   tools/sanitize_tests.sh --fuzz 120      # ... and 120 s of the structured fuzzer on the sanitized build
 #   tools/sanitize_tests.sh -- -k gemv      # extra pytest arguments after --
 #
@@ -22,7 +22,8 @@ if [ "${1:-}" = "--fuzz" ]; then FUZZ=$2; shift 2; fi
 [ "${1:-}" = "--" ] && shift
 TESTS=(tests/test_blocks.py tests/test_dequant.py tests/test_quant.py tests/test_kernels.py tests/test_ops.py
        tests/test_flash_attn.py tests/test_kv_cache.py tests/test_pool.py tests/test_dispatch.py
-       tests/test_tokenizer.py tests/test_gguf_io.py tests/test_hostile_files.py tests/test_fuzz.py)
+       tests/test_tokenizer.py tests/test_gguf_io.py tests/test_hostile_files.py tests/test_fuzz.py
+       tests/test_layer_loop_synth.py)
 
 t0=$(date +%s)
 echo "sanitizer build in $SAN (from $ROOT, python $PY)"
