@@ -227,3 +227,50 @@ void g4_add_rmsnorm(float *x, const float *y, const float *w, double eps, const 
         if (out2) g4_scale_row(xr, g4_row_scale(xr, d, eps), w2, out2 + i * d, d);
     }
 }
+
+/* ---- the row norms over the pool (prefill-sized calls): rows are independent, so the split never
+ * changes a bit; norm_rope splits by token (its cos / sin row) ---- */
+typedef struct {
+    int op; /* 0 rmsnorm, 1 norm_rope, 2 add_rmsnorm */
+    const float *x, *y, *w, *w2, *cos, *sin;
+    float *xm, *out, *out2;
+    double eps;
+    int64_t n, d, heads; /* n: rows (ops 0, 2) or tokens (op 1) */
+} norm_ctx;
+
+static void norm_task(void *vctx, int ith, int nth) {
+    const norm_ctx *c = (const norm_ctx *)vctx;
+    const int64_t per = (c->n + nth - 1) / nth, a = per * ith, b = a + per < c->n ? a + per : c->n;
+    if (a >= b) return;
+    if (c->op == 0) g4_rmsnorm_rows(c->x + a * c->d, c->w, c->eps, c->out + a * c->d, b - a, c->d);
+    else if (c->op == 1) {
+        const int64_t r0 = a * c->heads, half = c->d / 2;
+        g4_norm_rope(c->x + r0 * c->d, c->w, c->eps, c->cos + a * half, c->sin + a * half, c->heads,
+                     (b - a) * c->heads, c->d, c->out + r0 * c->d);
+    } else
+        g4_add_rmsnorm(c->xm + a * c->d, c->y + a * c->d, c->w, c->eps, c->w2, c->out2 ? c->out2 + a * c->d : NULL,
+                       b - a, c->d);
+}
+
+static int norm_split(g4_pool *pool, int64_t elems) { return pool && g4_pool_size(pool) > 1 && elems >= 65536; }
+
+void g4_rmsnorm_rows_pool(g4_pool *pool, const float *x, const float *w, double eps, float *out, int64_t n, int64_t d) {
+    if (!norm_split(pool, n * d)) { g4_rmsnorm_rows(x, w, eps, out, n, d); return; }
+    norm_ctx c = {.op = 0, .x = x, .w = w, .out = out, .eps = eps, .n = n, .d = d};
+    g4_pool_run(pool, norm_task, &c);
+}
+
+void g4_norm_rope_pool(g4_pool *pool, const float *x, const float *w, double eps, const float *cos, const float *sin,
+                       int64_t heads, int64_t rows, int64_t d, float *out) {
+    if (!norm_split(pool, rows * d)) { g4_norm_rope(x, w, eps, cos, sin, heads, rows, d, out); return; }
+    norm_ctx c = {.op = 1, .x = x, .w = w, .cos = cos, .sin = sin, .out = out, .eps = eps, .n = rows / heads, .d = d,
+                  .heads = heads};
+    g4_pool_run(pool, norm_task, &c);
+}
+
+void g4_add_rmsnorm_pool(g4_pool *pool, float *x, const float *y, const float *w, double eps, const float *w2,
+                         float *out2, int64_t n, int64_t d) {
+    if (!norm_split(pool, n * d)) { g4_add_rmsnorm(x, y, w, eps, w2, out2, n, d); return; }
+    norm_ctx c = {.op = 2, .xm = x, .y = y, .w = w, .w2 = w2, .out2 = out2, .eps = eps, .n = n, .d = d};
+    g4_pool_run(pool, norm_task, &c);
+}

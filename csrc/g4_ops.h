@@ -28,5 +28,13 @@ void g4_norm_rope(const float *x, const float *w, double eps, const float *cos, 
 /* x[i] += rmsnorm(y[i], w) in place; then, if out2, out2[i] = rmsnorm(x[i], w2) */
 void g4_add_rmsnorm(float *x, const float *y, const float *w, double eps, const float *w2, float *out2, int64_t n,
                     int64_t d);
+/* the same over the pool's workers (rows split in contiguous ranges; norm_rope by token) when the
+ * call has at least 65536 values and the pool more than one worker, else on the calling thread: the
+ * same bits either way */
+void g4_rmsnorm_rows_pool(g4_pool *pool, const float *x, const float *w, double eps, float *out, int64_t n, int64_t d);
+void g4_norm_rope_pool(g4_pool *pool, const float *x, const float *w, double eps, const float *cos, const float *sin,
+                       int64_t heads, int64_t rows, int64_t d, float *out);
+void g4_add_rmsnorm_pool(g4_pool *pool, float *x, const float *y, const float *w, double eps, const float *w2,
+                         float *out2, int64_t n, int64_t d);
 
 #endif

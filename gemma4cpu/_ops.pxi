@@ -11,12 +11,18 @@ cdef extern from "g4_ops.h" nogil:
                       int64_t rows, int64_t d, float *out)
     void g4_add_rmsnorm(float *x, const float *y, const float *w, double eps, const float *w2, float *out2,
                         int64_t n, int64_t d)
+    void g4_rmsnorm_rows_pool(g4_pool *pool, const float *x, const float *w, double eps, float *out, int64_t n,
+                              int64_t d)
+    void g4_norm_rope_pool(g4_pool *pool, const float *x, const float *w, double eps, const float *cos,
+                           const float *sin, int64_t heads, int64_t rows, int64_t d, float *out)
+    void g4_add_rmsnorm_pool(g4_pool *pool, float *x, const float *y, const float *w, double eps, const float *w2,
+                             float *out2, int64_t n, int64_t d)
     int g4_gelu_wide_ok
     void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
                      int64_t ldo, int64_t n, int64_t d)
 
 
-def rmsnorm_rows(const float[:, ::1] x, w, double eps, float[:, ::1] out):
+def rmsnorm_rows(const float[:, ::1] x, w, double eps, float[:, ::1] out, Pool pool=None):
     """out[i] = x[i] * (mean(x[i]^2) + eps)^-1/2 (* w): sum of squares in double (8 interleaved
     partial sums in a fixed order), scale rounded
     to float32, then x * scale (* w) in float32. w: float32 (d,) or None. out may alias x."""
@@ -32,6 +38,13 @@ def rmsnorm_rows(const float[:, ::1] x, w, double eps, float[:, ::1] out):
         if wv.shape[0] != d:
             raise ValueError(f"rmsnorm: weight has {wv.shape[0]} values for rows of {d}")
     if n == 0:
+        return
+    cdef g4_pool *p = NULL
+    if pool is not None:  # rows split over the workers (large calls): the same bits
+        p = pool._get()
+        with pool.lock:
+            with nogil:
+                g4_rmsnorm_rows_pool(p, &x[0, 0], &wv[0] if has_w else NULL, eps, &out[0, 0], n, d)
         return
     with nogil:
         g4_rmsnorm_rows(&x[0, 0], &wv[0] if has_w else NULL, eps, &out[0, 0], n, d)
@@ -79,7 +92,7 @@ def gelu_mul(g, u, float[:, ::1] out, Pool pool=None):
 
 
 def norm_rope(const float[:, ::1] x, w, double eps, const float[:, ::1] cos, const float[:, ::1] sin,
-              Py_ssize_t heads, float[:, ::1] out):
+              Py_ssize_t heads, float[:, ::1] out, Pool pool=None):
     """The q / k path of attention in one call: x (n * heads, hd) rows (token i // heads), each
     RMS-normalised as rmsnorm_rows does (weight w, or none), then rotated NEOX style with row
     i // heads of cos / sin (n, hd / 2): out[j] = a c - b s, out[j + hd/2] = b c + a s for
@@ -103,11 +116,20 @@ def norm_rope(const float[:, ::1] x, w, double eps, const float[:, ::1] cos, con
             raise ValueError(f"norm_rope: weight has {wv.shape[0]} values for rows of {d}")
     if rows == 0:
         return
+    cdef g4_pool *p = NULL
+    if pool is not None:
+        p = pool._get()
+        with pool.lock:
+            with nogil:
+                g4_norm_rope_pool(p, &x[0, 0], &wv[0] if has_w else NULL, eps, &cos[0, 0], &sin[0, 0], heads, rows, d,
+                                  &out[0, 0])
+        return
     with nogil:
         g4_norm_rope(&x[0, 0], &wv[0] if has_w else NULL, eps, &cos[0, 0], &sin[0, 0], heads, rows, d, &out[0, 0])
 
 
-def add_rmsnorm(float[:, ::1] x, const float[:, ::1] y, w, double eps, w2=None, float[:, ::1] out2=None):
+def add_rmsnorm(float[:, ::1] x, const float[:, ::1] y, w, double eps, w2=None, float[:, ::1] out2=None,
+                Pool pool=None):
     """The residual step in one call: x[i] = x[i] + rmsnorm(y[i]) (weight w, or none; the same
     float32 ops as rmsnorm_rows then numpy's x + r), in place; then, when out2 is given,
     out2[i] = rmsnorm(x[i]) with weight w2 (or none): the next sub-layer's input norm."""
@@ -131,6 +153,14 @@ def add_rmsnorm(float[:, ::1] x, const float[:, ::1] y, w, double eps, w2=None, 
         if wv2.shape[0] != d:
             raise ValueError(f"add_rmsnorm: second weight has {wv2.shape[0]} values for rows of {d}")
     if n == 0:
+        return
+    cdef g4_pool *p = NULL
+    if pool is not None:
+        p = pool._get()
+        with pool.lock:
+            with nogil:
+                g4_add_rmsnorm_pool(p, &x[0, 0], &y[0, 0], &wv[0] if has_w else NULL, eps, &wv2[0] if has_w2 else NULL,
+                                    &out2[0, 0] if norm2 else NULL, n, d)
         return
     with nogil:
         g4_add_rmsnorm(&x[0, 0], &y[0, 0], &wv[0] if has_w else NULL, eps, &wv2[0] if has_w2 else NULL,

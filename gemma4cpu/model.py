@@ -34,13 +34,14 @@ from gemma4cpu.kv_cache import KVCache, kv_type_id
 from gemma4cpu.weights import Mat, load_weights
 
 
-def rmsnorm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+def rmsnorm(x: np.ndarray, w: np.ndarray | None, eps: float, pool: K.Pool | None = None) -> np.ndarray:
     """x (..., d) float32 -> x * (mean(x^2) + eps)^-1/2 * w (weight-less when w is None), per row
-    in C (gemma4cpu/_ops.pxi): one call, no temporaries."""
+    in C (gemma4cpu/_ops.pxi): one call, no temporaries; large calls split their rows over `pool`
+    (the same bits)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty_like(x)
     d = x.shape[-1]
-    _kernels.rmsnorm_rows(x.reshape(-1, d), w, eps, out.reshape(-1, d))
+    _kernels.rmsnorm_rows(x.reshape(-1, d), w, eps, out.reshape(-1, d), pool)
     return out
 
 
@@ -52,13 +53,14 @@ def gelu_mul(g: np.ndarray, u: np.ndarray, pool: K.Pool | None = None) -> np.nda
     return out
 
 
-def norm_rope(x: np.ndarray, w: np.ndarray | None, eps: float, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def norm_rope(x: np.ndarray, w: np.ndarray | None, eps: float, cos: np.ndarray, sin: np.ndarray,
+              pool: K.Pool | None = None) -> np.ndarray:
     """apply_rope(rmsnorm(x, w, eps), cos, sin) for x (n, H, hd) in one C call per projection
     (gemma4cpu/_ops.pxi norm_rope): the same float32 ops, without numpy's temporaries."""
     n, h, hd = x.shape
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(n * h, hd)
     out = np.empty_like(x)
-    _kernels.norm_rope(x, w, eps, cos, sin, h, out)
+    _kernels.norm_rope(x, w, eps, cos, sin, h, out, pool)
     return out.reshape(n, h, hd)
 
 
@@ -402,6 +404,7 @@ class Model:
         x = self.embed(tokens)                                        # (n, D)
         a = None                                                      # attn_norm(x), when the last layer made it
         ple = self._per_layer_inputs(tokens, x) if cfg.n_embd_per_layer else None  # (n, L, Dp)
+        pool = self._pool  # the norms split large calls (prefill chunks) over it: the same bits
         for il, lw in enumerate(w.layers):
             hd, hq = cfg.head_dim[il], cfg.n_head
             key = (hd, cfg.rope_dim[il], cfg.rope_base[il], id(lw.rope_freq_factors))
@@ -410,20 +413,20 @@ class Model:
                                         self._inv(key, lw.rope_freq_factors))
             cos, sin = rope[key]
             if a is None:
-                a = rmsnorm(x, lw.attn_norm, cfg.eps)
-            q = norm_rope(self._mm(lw.attn_q, a).reshape(n, hq, hd), lw.attn_q_norm, cfg.eps, cos, sin)
+                a = rmsnorm(x, lw.attn_norm, cfg.eps, pool)
+            q = norm_rope(self._mm(lw.attn_q, a).reshape(n, hq, hd), lw.attn_q_norm, cfg.eps, cos, sin, pool)
             if lw.attn_k is not None:
                 hkv = cfg.n_head_kv[il]
                 kraw = self._mm(lw.attn_k, a).reshape(n, hkv, hd)
                 vraw = self._mm(lw.attn_v, a).reshape(n, hkv, hd) if lw.attn_v is not None else kraw
-                k = norm_rope(kraw, lw.attn_k_norm, cfg.eps, cos, sin)
-                v = rmsnorm(vraw, None, cfg.eps) if cfg.v_norm else vraw
+                k = norm_rope(kraw, lw.attn_k_norm, cfg.eps, cos, sin, pool)
+                v = rmsnorm(vraw, None, cfg.eps, pool) if cfg.v_norm else vraw
                 self.cache.append(il, k, v)
             o = self._attention(il, q, pos)
             # x += rmsnorm(o W_o, post_attention_norm); f = rmsnorm(x, ffn_norm): one C call, in place
             # (x is this call's own array: embed, the numpy steps below and layer scaling make new ones)
             f = np.empty_like(x)
-            _kernels.add_rmsnorm(x, self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps, lw.ffn_norm, f)
+            _kernels.add_rmsnorm(x, self._mm(lw.attn_output, o), lw.post_attention_norm, cfg.eps, lw.ffn_norm, f, pool)
             m = self._mm(lw.ffn_down, gelu_mul(self._mm(lw.ffn_gate, f), self._mm(lw.ffn_up, f), self._pool))
             if lw.moe is not None:
                 m = rmsnorm(m, lw.moe.post_ffw_norm_1, cfg.eps) + rmsnorm(
@@ -433,13 +436,13 @@ class Model:
             nxt = w.layers[il + 1] if il + 1 < len(w.layers) else None
             fuse_next = nxt is not None and lw.ple is None and lw.layer_output_scale == 1.0
             a = np.empty_like(x) if fuse_next else None
-            _kernels.add_rmsnorm(x, m, lw.post_ffw_norm, cfg.eps, nxt.attn_norm if fuse_next else None, a)
+            _kernels.add_rmsnorm(x, m, lw.post_ffw_norm, cfg.eps, nxt.attn_norm if fuse_next else None, a, pool)
             if lw.ple is not None:
                 g = gelu_mul(self._mm(lw.ple.inp_gate, x), ple[:, il, :], self._pool)
                 x = x + rmsnorm(self._mm(lw.ple.proj, g), lw.ple.post_norm, cfg.eps)
             if lw.layer_output_scale != 1.0:
                 x = x * np.float32(lw.layer_output_scale)
-        return rmsnorm(x, w.output_norm, cfg.eps)                     # (n, D)
+        return rmsnorm(x, w.output_norm, cfg.eps, pool)               # (n, D)
 
     # ---- the C layer loop (decode and verify steps) -------------------------------------------------
     def _inv(self, key, freq_factors) -> np.ndarray:

@@ -199,3 +199,35 @@ def test_add_rmsnorm_argument_errors():
         _kernels.add_rmsnorm(x, x.copy(), None, 1e-6, None, np.empty((2, 4), np.float32))
     with pytest.raises(ValueError, match="second weight has 2"):
         _kernels.add_rmsnorm(x, x.copy(), None, 1e-6, np.ones(2, np.float32), np.empty_like(x))
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_norms_over_the_pool_equal_the_serial_calls(threads):
+    """rmsnorm_rows, norm_rope and add_rmsnorm split large calls (>= 65536 values) over the pool's
+    workers by rows (norm_rope by token): bit for bit the calling-thread result, also with a row
+    count that does not divide evenly."""
+    from gemma4cpu.kernels import Pool
+    from gemma4cpu.model import rope_tables
+    pool = Pool(threads)
+    rng = np.random.default_rng(11)
+    n, d, heads, hd = 301, 640, 4, 256
+    x = (rng.standard_normal((n, d)) * 5).astype(np.float32)
+    y = rng.standard_normal((n, d)).astype(np.float32)
+    w, w2 = rng.uniform(-2, 2, d).astype(np.float32), rng.uniform(-2, 2, d).astype(np.float32)
+    a, b = np.empty_like(x), np.empty_like(x)
+    _kernels.rmsnorm_rows(x, w, 1e-6, a)
+    _kernels.rmsnorm_rows(x, w, 1e-6, b, pool)
+    np.testing.assert_array_equal(_bits(a), _bits(b))
+    q = (rng.standard_normal((n * heads, hd)) * 3).astype(np.float32)
+    cos, sin = rope_tables(np.arange(7, 7 + n), hd, hd, 10000.0, None)
+    wq = rng.uniform(-2, 2, hd).astype(np.float32)
+    a, b = np.empty_like(q), np.empty_like(q)
+    _kernels.norm_rope(q, wq, 1e-6, cos, sin, heads, a)
+    _kernels.norm_rope(q, wq, 1e-6, cos, sin, heads, b, pool)
+    np.testing.assert_array_equal(_bits(a), _bits(b))
+    x1, x2, o1, o2 = x.copy(), x.copy(), np.empty_like(x), np.empty_like(x)
+    _kernels.add_rmsnorm(x1, y, w, 1e-6, w2, o1)
+    _kernels.add_rmsnorm(x2, y, w, 1e-6, w2, o2, pool)
+    np.testing.assert_array_equal(_bits(x1), _bits(x2))
+    np.testing.assert_array_equal(_bits(o1), _bits(o2))
+    assert not np.array_equal(_bits(x1), _bits(x))
