@@ -24,8 +24,8 @@
  *
  * One token goes to the avx512 kernel instead (q_rows16 in gemm_q32_avx512.c). Against it on the 2-vCPU
  * Xeon with AMX, single thread, this kernel at n = 1 took 1.3-1.5x the time in L2 and 1.1x from memory at
- * k = 640; at k = 5376 from memory 0.80x, before q_rows16's row-matched L2 prefetch, which took 0.82-0.87x
- * off it there. The older figures were against q_row, its 4-row predecessor: A/B in one process, 2
+ * k = 640; at k = 5376 from memory 0.80x, before q_rows16's row-matched L2 prefetch cut its own time
+ * there to 0.82-0.87x. The older figures were against q_row, its 4-row predecessor: A/B in one process, 2
  * threads x 174 MiB, k = 640 / 2048 / 5376 / 21504: 22.2 / 23.7 / 29.5 / 33.0 GB/s against 19.8 /
  * 21.8 / 28.1 / 26.6 for this kernel at n = 1. */
 #include "amx.h"
