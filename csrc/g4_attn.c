@@ -42,16 +42,11 @@ __attribute__((target("avx,f16c"))) static void kv_f16_row_f16c(const float *src
         _mm_storeu_si128((__m128i *)(h + e), _mm256_cvtps_ph(_mm256_loadu_ps(src + e), _MM_FROUND_TO_NEAREST_INT));
     for (; e < k; e++) h[e] = g4_fp32_to_fp16(src[e]);
 }
-static int kv_has_f16c(void) {
-    static int v = -1;
-    if (v < 0) v = (g4_cpu_features() & (1u << 2)) != 0; /* the f16c bit (g4_dispatch.c feature_names) */
-    return v;
-}
 #endif
 
 static void kv_f16_row(const float *src, g4_half *h, int64_t k) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (kv_has_f16c()) {
+    if (g4_cpu_features() & G4_F_F16C) {
         kv_f16_row_f16c(src, h, k);
         return;
     }

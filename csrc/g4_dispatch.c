@@ -13,11 +13,7 @@
 #endif
 
 /* ---- CPU features ---------------------------------------------------------------------- */
-enum {
-    F_AVX2 = 1u << 0, F_FMA = 1u << 1, F_F16C = 1u << 2, F_AVX512F = 1u << 3, F_AVX512BW = 1u << 4,
-    F_AVX512VL = 1u << 5, F_AVX512DQ = 1u << 6, F_AVX512VNNI = 1u << 7, F_AVX512BF16 = 1u << 8,
-    F_AMX_INT8 = 1u << 9, F_BMI2 = 1u << 10, F_AVX512VBMI = 1u << 11,
-};
+/* names of the G4_F_* bits (g4_kernels.h), in bit order */
 static const char *const feature_names[] = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
                                             "avx512dq", "avx512vnni", "avx512bf16", "amx_int8", "bmi2",
                                             "avx512vbmi"};
@@ -35,24 +31,24 @@ static uint32_t detect_features(void) {
     const int zmm_ok = ymm_ok && (xcr0_lo & 0xe0u) == 0xe0u; /* opmask, ZMM_Hi256, Hi16_ZMM */
     const int tile_ok = (xcr0_lo & 0x60000u) == 0x60000u; /* XTILECFG, XTILEDATA */
     if (!ymm_ok) return 0;
-    if (fma) f |= F_FMA;
-    if (f16c) f |= F_F16C;
+    if (fma) f |= G4_F_FMA;
+    if (f16c) f |= G4_F_F16C;
     if (__get_cpuid_max(0, NULL) >= 7) {
         __cpuid_count(7, 0, a, b, c, d);
-        if ((b >> 5) & 1) f |= F_AVX2;
-        if ((b >> 8) & 1) f |= F_BMI2;
+        if ((b >> 5) & 1) f |= G4_F_AVX2;
+        if ((b >> 8) & 1) f |= G4_F_BMI2;
         if (zmm_ok) {
-            if ((b >> 16) & 1) f |= F_AVX512F;
-            if ((b >> 17) & 1) f |= F_AVX512DQ;
-            if ((b >> 30) & 1) f |= F_AVX512BW;
-            if ((b >> 31) & 1) f |= F_AVX512VL;
-            if ((c >> 11) & 1) f |= F_AVX512VNNI;
-            if ((c >> 1) & 1) f |= F_AVX512VBMI;
+            if ((b >> 16) & 1) f |= G4_F_AVX512F;
+            if ((b >> 17) & 1) f |= G4_F_AVX512DQ;
+            if ((b >> 30) & 1) f |= G4_F_AVX512BW;
+            if ((b >> 31) & 1) f |= G4_F_AVX512VL;
+            if ((c >> 11) & 1) f |= G4_F_AVX512VNNI;
+            if ((c >> 1) & 1) f |= G4_F_AVX512VBMI;
         }
-        if (tile_ok && ((d >> 25) & 1)) f |= F_AMX_INT8;
+        if (tile_ok && ((d >> 25) & 1)) f |= G4_F_AMX_INT8;
         unsigned a1, b1, c1, d1;
         __cpuid_count(7, 1, a1, b1, c1, d1);
-        if (zmm_ok && ((a1 >> 5) & 1)) f |= F_AVX512BF16;
+        if (zmm_ok && ((a1 >> 5) & 1)) f |= G4_F_AVX512BF16;
     }
 #endif
     return f;
@@ -77,9 +73,9 @@ const char *g4_cpu_feature_name(int bit) {
  *           (Skylake-SP has AVX-512 without VNNI: it gets the avx2 table, not a SIGILL)
  *   amx:    avx512 + VBMI + AMX-INT8, and the OS grants the tile state   Sapphire Rapids+ */
 enum {
-    NEEDS_AVX2 = F_AVX2 | F_FMA | F_F16C | F_BMI2,
-    NEEDS_AVX512 = NEEDS_AVX2 | F_AVX512F | F_AVX512BW | F_AVX512VL | F_AVX512DQ | F_AVX512VNNI,
-    NEEDS_AMX = NEEDS_AVX512 | F_AVX512VBMI | F_AMX_INT8,
+    NEEDS_AVX2 = G4_F_AVX2 | G4_F_FMA | G4_F_F16C | G4_F_BMI2,
+    NEEDS_AVX512 = NEEDS_AVX2 | G4_F_AVX512F | G4_F_AVX512BW | G4_F_AVX512VL | G4_F_AVX512DQ | G4_F_AVX512VNNI,
+    NEEDS_AMX = NEEDS_AVX512 | G4_F_AVX512VBMI | G4_F_AMX_INT8,
 };
 static const uint32_t isa_needs[G4_ISA_COUNT] = {
     [G4_ISA_REF] = 0,

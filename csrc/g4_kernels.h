@@ -96,7 +96,12 @@ void g4_set_active(const g4_kernels *k);
 int g4_slot_count(void);
 const char *g4_slot_name(int slot);
 int g4_slot_is_ref(const g4_kernels *k, int slot);
-/* CPU feature bits detected (for reports): avx2 fma f16c avx512f bw vl dq vnni bf16 amx_int8 bmi2 vbmi */
+/* CPU feature bits detected once per process (CPUID + the OS's XGETBV state), for dispatch and reports */
+enum {
+    G4_F_AVX2 = 1u << 0, G4_F_FMA = 1u << 1, G4_F_F16C = 1u << 2, G4_F_AVX512F = 1u << 3, G4_F_AVX512BW = 1u << 4,
+    G4_F_AVX512VL = 1u << 5, G4_F_AVX512DQ = 1u << 6, G4_F_AVX512VNNI = 1u << 7, G4_F_AVX512BF16 = 1u << 8,
+    G4_F_AMX_INT8 = 1u << 9, G4_F_BMI2 = 1u << 10, G4_F_AVX512VBMI = 1u << 11,
+};
 uint32_t g4_cpu_features(void);
 const char *g4_cpu_feature_name(int bit); /* NULL past the last bit */
 

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "g4_kernels.h"
 #include "g4_ops.h"
 
 /* 0: the 16-lane GELU is off (tests compare it with the 4-lane one) */
@@ -50,7 +51,6 @@ static inline __m128 g4_gelu_mul4(__m128 x, __m128 u) {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-uint32_t g4_cpu_features(void);
 
 /* The same expression on 16 lanes where the CPU has AVX-512 F: each element is computed on its own
  * by the same float ops in the same order (no FMA: contraction is off for this function, checked by
@@ -85,11 +85,6 @@ G4_GELU512 static int64_t g4_gelu_mul_row16(const float *g, const float *u, floa
     return j;
 }
 
-static int g4_gelu_wide(void) {
-    static int v = -1;
-    if (v < 0) v = (g4_cpu_features() & (1u << 3)) != 0; /* avx512f (g4_dispatch.c feature bits) */
-    return v;
-}
 #endif
 
 /* one row piece: out[j] = gelu_tanh(g[j]) * u[j]; 16 lanes where AVX-512 is there, then 4 lanes; the
@@ -97,7 +92,7 @@ static int g4_gelu_wide(void) {
 void g4_gelu_mul_row(const float *g, const float *u, float *o, int64_t n) {
     int64_t j = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (g4_gelu_wide_ok && g4_gelu_wide()) j = g4_gelu_mul_row16(g, u, o, n);
+    if (g4_gelu_wide_ok && (g4_cpu_features() & G4_F_AVX512F)) j = g4_gelu_mul_row16(g, u, o, n);
 #endif
     for (; j + 4 <= n; j += 4) _mm_storeu_ps(o + j, g4_gelu_mul4(_mm_loadu_ps(g + j), _mm_loadu_ps(u + j)));
     if (j < n) {
