@@ -22,69 +22,54 @@ int g4_gelu_wide_ok = 1;
 #if defined(__SSE2__)
 #include <emmintrin.h>
 
-/* exp of 4 lanes, t clamped to [-87, 89] (above ~88.7: +inf): k = round(t / ln 2) by the
- * 1.5 * 2^23 trick, r = t - k ln 2 in two parts, the Cephes polynomial, times 2^k (k in [-126, 128];
- * k = 128 gives the +inf bit pattern) */
-static inline __m128 g4_expf4(__m128 t) {
-    t = _mm_max_ps(_mm_min_ps(t, _mm_set1_ps(89.0f)), _mm_set1_ps(-87.0f));
-    const __m128 M = _mm_set1_ps(12582912.0f);
-    const __m128 kf = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(t, _mm_set1_ps(1.44269504088896341f)), M), M);
-    const __m128 r = _mm_sub_ps(_mm_sub_ps(t, _mm_mul_ps(kf, _mm_set1_ps(0.693359375f))),
-                                _mm_mul_ps(kf, _mm_set1_ps(-2.12194440e-4f)));
-    __m128 p = _mm_set1_ps(1.9875691500e-4f);
-    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.3981999507e-3f));
-    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(8.3334519073e-3f));
-    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(4.1665795894e-2f));
-    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.6666665459e-1f));
-    p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(5.0000001201e-1f));
-    p = _mm_add_ps(_mm_add_ps(_mm_mul_ps(p, _mm_mul_ps(r, r)), r), _mm_set1_ps(1.0f));
-    const __m128i k = _mm_cvtps_epi32(kf); /* kf is an integer: exact */
-    return _mm_mul_ps(p, _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(k, _mm_set1_epi32(127)), 23)));
-}
+/* exp and gelu_tanh(x) * u for one vector width, written once so that every width computes each
+ * element by the very same float ops in the same order (the bits never depend on the width):
+ * ATTR function attributes, SFX name suffix, P intrinsic prefix (_mm, _mm512), V / I float / int
+ * vector types, B their width in bits.
+ * exp: t clamped to [-87, 89] (above ~88.7: +inf), k = round(t / ln 2) by the 1.5 * 2^23 trick,
+ * r = t - k ln 2 in two parts, the Cephes polynomial, times 2^k (k in [-126, 128]; k = 128 gives the
+ * +inf bit pattern; kf is an integer, so its conversion is exact).
+ * gelu: x / (1 + exp(-2 c (x + 0.044715 x^3))) * u. */
+#define G4_GELU_DEFS(ATTR, SFX, P, V, I, B)                                                                     \
+    ATTR static inline V g4_expf##SFX(V t) {                                                                    \
+        t = P##_max_ps(P##_min_ps(t, P##_set1_ps(89.0f)), P##_set1_ps(-87.0f));                               \
+        const V M = P##_set1_ps(12582912.0f);                                                                   \
+        const V kf = P##_sub_ps(P##_add_ps(P##_mul_ps(t, P##_set1_ps(1.44269504088896341f)), M), M);          \
+        const V r = P##_sub_ps(P##_sub_ps(t, P##_mul_ps(kf, P##_set1_ps(0.693359375f))),                      \
+                               P##_mul_ps(kf, P##_set1_ps(-2.12194440e-4f)));                                   \
+        V p = P##_set1_ps(1.9875691500e-4f);                                                                    \
+        p = P##_add_ps(P##_mul_ps(p, r), P##_set1_ps(1.3981999507e-3f));                                       \
+        p = P##_add_ps(P##_mul_ps(p, r), P##_set1_ps(8.3334519073e-3f));                                       \
+        p = P##_add_ps(P##_mul_ps(p, r), P##_set1_ps(4.1665795894e-2f));                                       \
+        p = P##_add_ps(P##_mul_ps(p, r), P##_set1_ps(1.6666665459e-1f));                                       \
+        p = P##_add_ps(P##_mul_ps(p, r), P##_set1_ps(5.0000001201e-1f));                                       \
+        p = P##_add_ps(P##_add_ps(P##_mul_ps(p, P##_mul_ps(r, r)), r), P##_set1_ps(1.0f));                     \
+        const I k = P##_cvtps_epi32(kf);                                                                        \
+        return P##_mul_ps(p, P##_castsi##B##_ps(P##_slli_epi32(P##_add_epi32(k, P##_set1_epi32(127)), 23)));   \
+    }                                                                                                           \
+    ATTR static inline V g4_gelu_mul##SFX(V x, V u) {                                                           \
+        const V z = P##_mul_ps(P##_set1_ps(0.7978845608028654f),                                                \
+                               P##_add_ps(x, P##_mul_ps(P##_mul_ps(P##_mul_ps(P##_set1_ps(0.044715f), x), x), x))); \
+        const V e = g4_expf##SFX(P##_mul_ps(P##_set1_ps(-2.0f), z));                                          \
+        return P##_mul_ps(P##_div_ps(x, P##_add_ps(P##_set1_ps(1.0f), e)), u);                                  \
+    }
 
-static inline __m128 g4_gelu_mul4(__m128 x, __m128 u) {
-    const __m128 z = _mm_mul_ps(_mm_set1_ps(0.7978845608028654f),
-                                _mm_add_ps(x, _mm_mul_ps(_mm_mul_ps(_mm_mul_ps(_mm_set1_ps(0.044715f), x), x), x)));
-    const __m128 e = g4_expf4(_mm_mul_ps(_mm_set1_ps(-2.0f), z));
-    return _mm_mul_ps(_mm_div_ps(x, _mm_add_ps(_mm_set1_ps(1.0f), e)), u);
-}
+G4_GELU_DEFS(, 4, _mm, __m128, __m128i, 128)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-/* The same expression on 16 lanes where the CPU has AVX-512 F: each element is computed on its own
- * by the same float ops in the same order (no FMA: contraction is off for this function, checked by
- * the tests' bit comparison against the 4-lane path), so the bits do not depend on the width. */
+/* 16 lanes where the CPU has AVX-512 F, with contraction off for these functions (no FMA: checked by
+ * the tests' bit comparison against the 4-lane path) */
 #define G4_GELU512 __attribute__((target("avx512f"), optimize("fp-contract=off")))
-G4_GELU512 static inline __m512 g4_expf16(__m512 t) {
-    t = _mm512_max_ps(_mm512_min_ps(t, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-87.0f));
-    const __m512 M = _mm512_set1_ps(12582912.0f);
-    const __m512 kf = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)), M), M);
-    const __m512 r = _mm512_sub_ps(_mm512_sub_ps(t, _mm512_mul_ps(kf, _mm512_set1_ps(0.693359375f))),
-                                   _mm512_mul_ps(kf, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
-    const __m512i k = _mm512_cvtps_epi32(kf);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23)));
-}
+G4_GELU_DEFS(G4_GELU512, 16, _mm512, __m512, __m512i, 512)
 
 G4_GELU512 static int64_t g4_gelu_mul_row16(const float *g, const float *u, float *o, int64_t n) {
     int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        const __m512 x = _mm512_loadu_ps(g + j);
-        const __m512 z = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
-                                       _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), x), x)));
-        const __m512 e = g4_expf16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), z));
-        _mm512_storeu_ps(o + j, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), _mm512_loadu_ps(u + j)));
-    }
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(o + j, g4_gelu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j)));
     return j;
 }
-
 #endif
 
 /* one row piece: out[j] = gelu_tanh(g[j]) * u[j]; 16 lanes where AVX-512 is there, then 4 lanes; the
