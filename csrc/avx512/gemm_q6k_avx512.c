@@ -146,15 +146,54 @@ static int q6_prepare(const uint8_t *x, size_t xrb, int n, int ntp, int64_t c0, 
     return bad != 0;
 }
 
+/* int16 p of the scale vectors: group q (p%4 < 2) or 8+q, q = p/8 (128-bit lane); +4 for chain 1 */
+#define Q6_I0 _mm512_set_epi16(11, 11, 3, 3, 11, 11, 3, 3, 10, 10, 2, 2, 10, 10, 2, 2, 9, 9, 1, 1, 9, 9, 1, 1, 8, 8, 0, 0, 8, 8, 0, 0)
+
+/* Block B of one row: prefetch G4X_Q6PF blocks ahead, the weights unpacked to q6_prepare's interleaved
+ * order (the operands of the two chains: A0, B0 then A1, B1) and the group scales as the int16 lanes
+ * of the two chains (P0, P1) */
+G4_AI void q6_row(const block_q6_K *B, __m512i *A0, __m512i *B0, __m512i *A1, __m512i *B1, __m512i *P0, __m512i *P1) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    if (G4X_Q6PF > 0) {
+        const char *pf = (const char *)(B + G4X_Q6PF);
+        _mm_prefetch(pf, _MM_HINT_T0);
+        _mm_prefetch(pf + 64, _MM_HINT_T0);
+        _mm_prefetch(pf + 128, _MM_HINT_T0);
+        _mm_prefetch(pf + 192, _MM_HINT_T0);
+    }
+    __m512i W[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) { /* elements 64v..64v+63, q in 0..63 */
+        const int h = v / 2, s = 4 * (v % 2);
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B->ql + 64 * h), s), m4);
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(B->qh + 32 * h)));
+        const __m512i cnt = _mm512_setr_epi64(s, s, s, s, s + 2, s + 2, s + 2, s + 2);
+        const __m512i hi = _mm512_and_si512(_mm512_srlv_epi64(qh, cnt), m3);
+        W[v] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+    }
+    *A0 = _mm512_unpacklo_epi64(W[0], W[2]);
+    *B0 = _mm512_unpackhi_epi64(W[0], W[2]);
+    *A1 = _mm512_unpacklo_epi64(W[1], W[3]);
+    *B1 = _mm512_unpackhi_epi64(W[1], W[3]);
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)B->scales)));
+    *P0 = _mm512_permutexvar_epi16(Q6_I0, sc);
+    *P1 = _mm512_permutexvar_epi16(_mm512_add_epi16(Q6_I0, _mm512_set1_epi16(4)), sc);
+}
+
+/* the 8 pair vectors of 16 items -> one vector, lane i = item q6_item_of_lane(i) */
+G4_AI __m512i q6_reduce8(const __m512i *PV) {
+    __m512i U[4], T[2];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++) U[u] = g4x_merge(PV[2 * u], PV[2 * u + 1], 1);
+    T[0] = g4x_merge(U[0], U[1], 4);
+    T[1] = g4x_merge(U[2], U[3], 4);
+    return g4x_merge(T[0], T[1], 8);
+}
+
 G4_AI void q6_group(const int NT, const uint8_t *const *wrow, const uint8_t *xp, const float *dxl, const int b,
                     __m512 *accp, const __m512i rowidx) {
     const int NTP = q6_ntp(NT);
     const int R = 16 / NTP, NP = NTP / 2;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
-    /* int16 p of the scale vectors: group q (p%4 < 2) or 8+q, q = p/8 (128-bit lane); +4 for chain 1 */
-    const __m512i i0 = _mm512_set_epi16(11, 11, 3, 3, 11, 11, 3, 3, 10, 10, 2, 2, 10, 10, 2, 2,
-                                        9, 9, 1, 1, 9, 9, 1, 1, 8, 8, 0, 0, 8, 8, 0, 0);
-    const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(4));
     if (NT == 1) {
         /* one token, 16 rows: the pairs of the packs are rows (2p, 2p+1) instead of tokens, with the
          * odd row's scales blended into int16 positions 4-7 of each 128-bit lane; each row's vectors
@@ -168,29 +207,10 @@ G4_AI void q6_group(const int NT, const uint8_t *const *wrow, const uint8_t *xp,
 #pragma GCC unroll 16
         for (int i = 0; i < 16; i++) {
             const block_q6_K *B = (const block_q6_K *)wrow[i] + b;
-            if (G4X_Q6PF > 0) {
-                const char *pf = (const char *)(B + G4X_Q6PF);
-                _mm_prefetch(pf, _MM_HINT_T0);
-                _mm_prefetch(pf + 64, _MM_HINT_T0);
-                _mm_prefetch(pf + 128, _MM_HINT_T0);
-                _mm_prefetch(pf + 192, _MM_HINT_T0);
-            }
-            __m512i W[4];
-#pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) {
-                const int h = v / 2, s = 4 * (v % 2);
-                const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B->ql + 64 * h), s), m4);
-                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(B->qh + 32 * h)));
-                const __m512i cnt = _mm512_setr_epi64(s, s, s, s, s + 2, s + 2, s + 2, s + 2);
-                const __m512i hi = _mm512_and_si512(_mm512_srlv_epi64(qh, cnt), m3);
-                W[v] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-            }
-            const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)B->scales)));
-            const __m512i P0 = _mm512_permutexvar_epi16(i0, sc), P1 = _mm512_permutexvar_epi16(i1, sc);
-            const __m512i ca0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(oa0, _mm512_unpacklo_epi64(W[0], W[2]), xa0),
-                                                    _mm512_unpackhi_epi64(W[0], W[2]), xa1);
-            const __m512i ca1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(oa1, _mm512_unpacklo_epi64(W[1], W[3]), xa2),
-                                                    _mm512_unpackhi_epi64(W[1], W[3]), xa3);
+            __m512i A0, B0, A1, B1, P0, P1;
+            q6_row(B, &A0, &B0, &A1, &B1, &P0, &P1);
+            const __m512i ca0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(oa0, A0, xa0), B0, xa1);
+            const __m512i ca1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(oa1, A1, xa2), B1, xa3);
             dq[i / 4] |= (uint64_t)B->d << (16 * (i % 4));
             if (i % 2 == 0) {
                 pc0 = ca0;
@@ -204,12 +224,7 @@ G4_AI void q6_group(const int NT, const uint8_t *const *wrow, const uint8_t *xp,
                                               _mm512_madd_epi16(_mm512_packs_epi32(pc1, ca1), q1));
             }
         }
-        __m512i U1[4], T1[2];
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) U1[u] = g4x_merge(PV1[2 * u], PV1[2 * u + 1], 1);
-        T1[0] = g4x_merge(U1[0], U1[1], 4);
-        T1[1] = g4x_merge(U1[2], U1[3], 4);
-        const __m512i S1 = g4x_merge(T1[0], T1[1], 8);
+        const __m512i S1 = q6_reduce8(PV1);
         const __m512 dw1 = _mm512_permutexvar_ps(
             rowidx, _mm512_cvtph_ps(_mm256_set_epi64x((long long)dq[3], (long long)dq[2], (long long)dq[1], (long long)dq[0])));
         const __m512 dd1 = _mm512_mul_ps(dw1, _mm512_load_ps(dxl + (size_t)b * 16));
@@ -222,30 +237,7 @@ G4_AI void q6_group(const int NT, const uint8_t *const *wrow, const uint8_t *xp,
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++) {
         const block_q6_K *B = (const block_q6_K *)wrow[i] + b;
-        if (G4X_Q6PF > 0) {
-            const char *pf = (const char *)(B + G4X_Q6PF);
-            _mm_prefetch(pf, _MM_HINT_T0);
-            _mm_prefetch(pf + 64, _MM_HINT_T0);
-            _mm_prefetch(pf + 128, _MM_HINT_T0);
-            _mm_prefetch(pf + 192, _MM_HINT_T0);
-        }
-        __m512i W[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) { /* elements 64v..64v+63, q in 0..63 */
-            const int h = v / 2, s = 4 * (v % 2);
-            const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B->ql + 64 * h), s), m4);
-            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(B->qh + 32 * h)));
-            const __m512i cnt = _mm512_setr_epi64(s, s, s, s, s + 2, s + 2, s + 2, s + 2);
-            const __m512i hi = _mm512_and_si512(_mm512_srlv_epi64(qh, cnt), m3);
-            W[v] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-        }
-        A0[i] = _mm512_unpacklo_epi64(W[0], W[2]);
-        B0[i] = _mm512_unpackhi_epi64(W[0], W[2]);
-        A1[i] = _mm512_unpacklo_epi64(W[1], W[3]);
-        B1[i] = _mm512_unpackhi_epi64(W[1], W[3]);
-        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)B->scales)));
-        P0[i] = _mm512_permutexvar_epi16(i0, sc);
-        P1[i] = _mm512_permutexvar_epi16(i1, sc);
+        q6_row(B, &A0[i], &B0[i], &A1[i], &B1[i], &P0[i], &P1[i]);
         dwq[i / 4] |= (uint64_t)B->d << (16 * (i % 4));
     }
 #pragma GCC unroll 8
@@ -281,12 +273,7 @@ G4_AI void q6_group(const int NT, const uint8_t *const *wrow, const uint8_t *xp,
                                                _mm512_madd_epi16(_mm512_packs_epi32(ca1, cb1), P1[i]));
         }
     }
-    __m512i U[4], T[2];
-#pragma GCC unroll 4
-    for (int u = 0; u < 4; u++) U[u] = g4x_merge(PV[2 * u], PV[2 * u + 1], 1);
-    T[0] = g4x_merge(U[0], U[1], 4);
-    T[1] = g4x_merge(U[2], U[3], 4);
-    const __m512i S = g4x_merge(T[0], T[1], 8);
+    const __m512i S = q6_reduce8(PV);
     __m512 dw;
     if (R == 1) dw = _mm512_set1_ps(g4_fp16_to_fp32((uint16_t)dwq[0]));
     else dw = _mm512_permutexvar_ps(rowidx, _mm512_cvtph_ps(_mm256_castsi128_si256(_mm_set_epi64x((long long)dwq[1], (long long)dwq[0]))));
