@@ -79,6 +79,21 @@ G4_AI __m512i q_unpack2(const int QT, const uint8_t *p, const int BB, int two, c
     return v;
 }
 
+/* The 16 items' dot-product vectors of a block pair (D[i]: lanes 0-7 block b, 8-15 block b+1, 8 partial
+ * sums each) reduced by one transposed merge tree: F0 lane i = item i's sum for block b, F1 for b+1 */
+G4_AI void q_tree16(const __m512i *D, __m512i *F0, __m512i *F1) {
+    __m512i U[8], T[4], X[2];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++) U[u] = g4x_merge(D[2 * u], D[2 * u + 1], 1);
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++) T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 2);
+    X[0] = g4x_merge(T[0], T[1], 4);
+    X[1] = g4x_merge(T[2], T[3], 4);
+    /* X[h]: lanes 0-7 items 8h..8h+7 of block b, lanes 8-15 the same items of block b+1 */
+    *F0 = _mm512_shuffle_i64x2(X[0], X[1], 0x44);
+    *F1 = _mm512_shuffle_i64x2(X[0], X[1], 0xEE);
+}
+
 /* One token, 16 rows in the 16 lanes (rows r..r+15, consecutive, wrb bytes apart): for each pair of
  * blocks the 16 rows' dot-product vectors are reduced together by one transposed merge tree, so the
  * per-block float ops and the in-order accumulation run on 16 row lanes (no scalar chain). The
@@ -118,14 +133,8 @@ G4_AI void q_rows16(const int QT, const uint8_t *w0, size_t wrb, int nr, const u
             if (two) memcpy(&dwr[1][i], p + BB, 2);
             D[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q_unpack2(QT, p, BB, two, 1), X);
         }
-        __m512i U[8], T[4], Xm[2];
-#pragma GCC unroll 8
-        for (int u = 0; u < 8; u++) U[u] = g4x_merge(D[2 * u], D[2 * u + 1], 1);
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 2);
-        Xm[0] = g4x_merge(T[0], T[1], 4);
-        Xm[1] = g4x_merge(T[2], T[3], 4);
-        const __m512i F0 = _mm512_shuffle_i64x2(Xm[0], Xm[1], 0x44), F1 = _mm512_shuffle_i64x2(Xm[0], Xm[1], 0xEE);
+        __m512i F0, F1;
+        q_tree16(D, &F0, &F1);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             if (h && !two) break;
@@ -184,15 +193,8 @@ G4_AI void q_group16(const int NT, const int QT, const uint8_t *const *wrow, con
         }
 #pragma GCC unroll 16
         for (int it = NI; it < 16; it++) D[it] = _mm512_setzero_si512();
-        __m512i U[8], T[4], X[2];
-#pragma GCC unroll 8
-        for (int u = 0; u < 8; u++) U[u] = g4x_merge(D[2 * u], D[2 * u + 1], 1);
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 2);
-        X[0] = g4x_merge(T[0], T[1], 4);
-        X[1] = g4x_merge(T[2], T[3], 4);
-        /* X[h]: lanes 0-7 items 8h..8h+7 of block b, lanes 8-15 the same items of block b+1 */
-        const __m512i F0 = _mm512_shuffle_i64x2(X[0], X[1], 0x44), F1 = _mm512_shuffle_i64x2(X[0], X[1], 0xEE);
+        __m512i F0, F1;
+        q_tree16(D, &F0, &F1);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             if (b + h >= cnt) break;
