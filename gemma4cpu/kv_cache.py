@@ -169,7 +169,19 @@ class KVCache:
         if p0 + m > self.n_ctx:
             raise ValueError(f"layer {layer}: context full: {p0} + {m} positions > n_ctx={self.n_ctx}")
         ns = self.n_slots[layer]
-        lost = self._lost[layer]
+        lost = self._lost_after(layer, p0, m)
+        slots = np.arange(p0, p0 + m, dtype=np.int64) % ns
+        _kernels.kv_store(self._tk, k_rows.reshape(m, width), s.n_head_kv, s.head_dim, self.k[layer], slots)
+        _kernels.kv_store(self._tv, v_rows.reshape(m, width), s.n_head_kv, s.head_dim, self.v[layer], slots)
+        self.pos[layer][slots] = np.arange(p0, p0 + m, dtype=np.int32)
+        self._len[layer] = p0 + m
+        self._lost[layer] = lost
+
+    def _lost_after(self, layer: int, p0: int, m: int) -> int:
+        """The lowest position `layer` still holds after positions p0..p0+m-1 are written (rings lose
+        the oldest), or ValueError when its ring cannot take them: more than max_batch at once, or a
+        position still inside the window of p0 would be overwritten. Changes nothing."""
+        s, ns, lost = self.specs[layer], self.n_slots[layer], self._lost[layer]
         if s.window and ns < self.n_ctx:
             if m > self.max_batch:
                 raise ValueError(f"layer {layer}: {m} positions in one append > max_batch={self.max_batch} "
@@ -179,17 +191,12 @@ class KVCache:
             if lost > max(0, p0 - s.window + 1):
                 raise ValueError(f"layer {layer}: appending {p0}..{p0 + m - 1} would drop position {lost - 1}, "
                                  f"still inside the window of position {p0}")
-        slots = np.arange(p0, p0 + m, dtype=np.int64) % ns
-        _kernels.kv_store(self._tk, k_rows.reshape(m, width), s.n_head_kv, s.head_dim, self.k[layer], slots)
-        _kernels.kv_store(self._tv, v_rows.reshape(m, width), s.n_head_kv, s.head_dim, self.v[layer], slots)
-        self.pos[layer][slots] = np.arange(p0, p0 + m, dtype=np.int32)
-        self._len[layer] = p0 + m
-        self._lost[layer] = lost
+        return lost
 
     def reserve(self, m: int) -> list[int]:
         """Book m new positions n..n+m-1 in every producing layer for a writer that stores the rows
         itself (the C layer loop, csrc/g4_layers.c: slot = position % n_slots, kv_pos[slot] = position):
-        the checks of append for every layer first (nothing changes if one fails), then the lengths
+        append's checks (_lost_after) for every layer first (nothing changes if one fails), then the lengths
         and ring limits. Returns, per producing layer, the slots its attention reads afterwards (what
         view() gives). A writer that stops part-way leaves slots unwritten: truncate back to n."""
         m = int(m)
@@ -200,16 +207,7 @@ class KVCache:
             raise ValueError(f"layers hold different lengths {sorted(set(self._len))}; append per layer instead")
         if p0 + m > self.n_ctx:
             raise ValueError(f"context full: {p0} + {m} positions > n_ctx={self.n_ctx}")
-        lost = list(self._lost)
-        for il, s in enumerate(self.specs):
-            ns = self.n_slots[il]
-            if s.window and ns < self.n_ctx:
-                if m > self.max_batch:
-                    raise ValueError(f"layer {il}: {m} positions in one append > max_batch={self.max_batch}")
-                lost[il] = max(lost[il], p0 + m - ns)
-                if lost[il] > max(0, p0 - s.window + 1):
-                    raise ValueError(f"layer {il}: appending {p0}..{p0 + m - 1} would drop position {lost[il] - 1}, "
-                                     f"still inside the window of position {p0}")
+        lost = [self._lost_after(il, p0, m) for il in range(len(self.specs))]
         self._len = [p0 + m] * len(self.specs)
         self._lost = lost
         return self.used_slots()
