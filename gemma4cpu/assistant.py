@@ -35,7 +35,7 @@ from gemma4cpu.config import (ASSISTANT_ARCHS, MAX_DIM, MAX_HEAD_DIM, MAX_LAYERS
                               meta_int, meta_per_layer)
 from gemma4cpu.gguf_io import GGUFFile, GGUFFormatError
 from gemma4cpu import model as _model
-from gemma4cpu.model import gelu_mul, norm_rope, rmsnorm, rope_inv_freq, rope_tables
+from gemma4cpu.model import gelu_mul, norm_rope, rmsnorm, rope_tables
 from gemma4cpu.weights import Mat, _vec
 
 _BACKBONE_KEYS = ("embedding_length_out", "backbone_embedding_length")
@@ -282,7 +282,7 @@ class Assistant:
         P = np.array([pos])
         loop = self._layer_loop()
         if loop is not None:  # the same layers in C (csrc/g4_layers.c), the same bits
-            cos, sin = zip(*(rope_tables(P, hd, n_rot, base, None, inv) for hd, n_rot, base, inv in self._loop_rope))
+            cos, sin = _model.loop_rope_tables(self._loop_rope, P)
             _model._run_layers(loop, tgt.pool, z, P.astype(np.int32), cos, sin, tgt.cache.used_slots())
             zn = rmsnorm(z, self.output_norm, cfg.eps)
             return zn, self._mm(self.post_proj, zn)
@@ -314,27 +314,14 @@ class Assistant:
         if self._loop_cache is tgt.cache:
             return self._loop
         cfg, tc, cache = self.cfg, tgt.cfg, tgt.cache
-        keys, layers = [], []
-        self._loop_rope = []
+        specs = []
         for il, lw in enumerate(self.layers):
             T = lw.target_layer
-            ff = tgt.w.layers[T].rope_freq_factors
-            key = (tc.head_dim[T], tc.rope_dim[T], tc.rope_base[T], id(ff))
-            if key not in keys:
-                keys.append(key)
-                self._loop_rope.append((key[0], key[1], key[2], rope_inv_freq(key[0], key[1], key[2], ff)))
-            nxt = self.layers[il + 1] if il + 1 < len(self.layers) else None
-            layers.append(dict(
-                n_head=cfg.n_head, hd=tc.head_dim[T], src=cache.source[T], rope=keys.index(key), window=lw.window,
-                v_norm=0, attn_scale=1.0, out_scale=float(lw.layer_output_scale),
-                fuse_next=int(nxt is not None and lw.layer_output_scale == 1.0),
-                q=lw.attn_q, k=None, v=None, o=lw.attn_output, gate=lw.ffn_gate, up=lw.ffn_up, down=lw.ffn_down,
-                attn_norm=lw.attn_norm, q_norm=lw.attn_q_norm, k_norm=None,
-                post_attn_norm=lw.post_attention_norm, ffn_norm=lw.ffn_norm, post_ffw_norm=lw.post_ffw_norm,
-                next_attn_norm=nxt.attn_norm if nxt is not None else None))
-        kv = [dict(k=cache.k[i], v=cache.v[i], pos=cache.pos[i], n_head_kv=s.n_head_kv, hd=s.head_dim)
-              for i, s in enumerate(cache.specs)]
-        self._loop = _kernels.LayerLoop(layers, kv, cfg.n_embd, float(cfg.eps), cache._tk, cache._tv, 1, len(keys))
+            specs.append((lw, self.layers[il + 1] if il + 1 < len(self.layers) else None,
+                          (tc.head_dim[T], tc.rope_dim[T], tc.rope_base[T], tgt.w.layers[T].rope_freq_factors),
+                          dict(n_head=cfg.n_head, hd=tc.head_dim[T], src=cache.source[T], window=lw.window, v_norm=0,
+                               attn_scale=1.0, k=None, v=None, k_norm=None)))
+        self._loop, self._loop_rope = _model.build_layer_loop(cache, cfg.n_embd, cfg.eps, 1, specs)
         self._loop_cache = cache
         return self._loop
 

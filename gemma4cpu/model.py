@@ -145,6 +145,38 @@ def _run_layers(loop, pool, x, pos, cos, sin, used):
     loop.run(pool, x, pos, cos, sin, used)
 
 
+def build_layer_loop(cache: KVCache, n_embd: int, eps: float, max_tok: int, specs):
+    """A C LayerLoop (gemma4cpu/_layers.pxi) over `cache` for the layers in `specs`, one
+    (lw, nxt, rope, fields) each: lw and the next layer nxt (None for the last) with the dense layer's
+    attributes (attn_q, attn_output, ffn_gate / ffn_up / ffn_down, attn_norm, attn_q_norm,
+    post_attention_norm, ffn_norm, post_ffw_norm, layer_output_scale: a target's LayerWeights or an
+    MTP assistant's layer), rope = (hd, n_rot, base, freq_factors), and `fields` the entries that
+    depend on the model (n_head, hd, src, window, v_norm, attn_scale, k, v, k_norm).
+    Returns (loop, rope) with rope the distinct tables' (hd, n_rot, base, inverse frequencies), the
+    order loop_rope_tables feeds them to LayerLoop.run."""
+    keys, rope, layers = [], [], []
+    for lw, nxt, (hd, n_rot, base, ff), fields in specs:
+        key = (hd, n_rot, base, id(ff))
+        if key not in keys:  # the layers share two or three distinct tables
+            keys.append(key)
+            rope.append((hd, n_rot, base, rope_inv_freq(hd, n_rot, base, ff)))
+        layers.append(dict(
+            fields, rope=keys.index(key), q=lw.attn_q, o=lw.attn_output, gate=lw.ffn_gate, up=lw.ffn_up,
+            down=lw.ffn_down, attn_norm=lw.attn_norm, q_norm=lw.attn_q_norm, post_attn_norm=lw.post_attention_norm,
+            ffn_norm=lw.ffn_norm, post_ffw_norm=lw.post_ffw_norm, out_scale=float(lw.layer_output_scale),
+            fuse_next=int(nxt is not None and lw.layer_output_scale == 1.0),
+            next_attn_norm=nxt.attn_norm if nxt is not None else None))
+    kv = [dict(k=cache.k[i], v=cache.v[i], pos=cache.pos[i], n_head_kv=s.n_head_kv, hd=s.head_dim)
+          for i, s in enumerate(cache.specs)]
+    return _kernels.LayerLoop(layers, kv, n_embd, float(eps), cache._tk, cache._tv, max_tok, len(keys)), rope
+
+
+def loop_rope_tables(rope, pos: np.ndarray) -> tuple[tuple, tuple]:
+    """(cos tables, sin tables) for LayerLoop.run at positions pos, from build_layer_loop's rope."""
+    tables = [rope_tables(pos, hd, n_rot, base, None, inv) for hd, n_rot, base, inv in rope]
+    return tuple(c for c, _ in tables), tuple(t for _, t in tables)
+
+
 # Steps of up to LOOP_MAX_TOK tokens (decode, speculative verify) run the layers in C
 # (csrc/g4_layers.c: same calls, same bits as the Python loop below, without ~15 Python-level calls
 # a layer: measured 9-11 % of a 270M decode step with 2 threads). Longer chunks (prefill) keep the
@@ -462,31 +494,18 @@ class Model:
         cfg, w, cache = self.cfg, self.w, self.cache
         loop = None
         if not cfg.n_embd_per_layer and all(lw.moe is None and lw.ple is None for lw in w.layers):
-            keys, layers = [], []
+            specs = []
             for il, lw in enumerate(w.layers):
-                key = (cfg.head_dim[il], cfg.rope_dim[il], cfg.rope_base[il], id(lw.rope_freq_factors))
-                if key not in keys:
-                    keys.append(key)
-                    self._inv(key, lw.rope_freq_factors)
-                nxt = w.layers[il + 1] if il + 1 < len(w.layers) else None
                 src = cache.source[il]
                 if lw.attn_k is not None and src != il:
                     raise ValueError(f"layer {il} has its own K/V but reads cache {src}")
-                layers.append(dict(
-                    n_head=cfg.n_head, hd=cfg.head_dim[il], src=src, rope=keys.index(key),
-                    window=cfg.sliding_window if cfg.is_swa[il] else 0, v_norm=int(bool(cfg.v_norm)),
-                    attn_scale=float(cfg.attn_scale), out_scale=float(lw.layer_output_scale),
-                    fuse_next=int(nxt is not None and lw.layer_output_scale == 1.0),
-                    q=lw.attn_q, k=lw.attn_k, v=lw.attn_v if lw.attn_k is not None else None, o=lw.attn_output,
-                    gate=lw.ffn_gate, up=lw.ffn_up, down=lw.ffn_down, attn_norm=lw.attn_norm,
-                    q_norm=lw.attn_q_norm, k_norm=lw.attn_k_norm, post_attn_norm=lw.post_attention_norm,
-                    ffn_norm=lw.ffn_norm, post_ffw_norm=lw.post_ffw_norm,
-                    next_attn_norm=nxt.attn_norm if nxt is not None else None))
-            kv = [dict(k=cache.k[i], v=cache.v[i], pos=cache.pos[i], n_head_kv=s.n_head_kv, hd=s.head_dim)
-                  for i, s in enumerate(cache.specs)]
-            loop = _kernels.LayerLoop(layers, kv, cfg.n_embd, float(cfg.eps), cache._tk, cache._tv,
-                                      LOOP_MAX_TOK, len(keys))
-            self._loop_rope = [(k[0], k[1], k[2], self._inv_freq[k]) for k in keys]
+                specs.append((lw, w.layers[il + 1] if il + 1 < len(w.layers) else None,
+                              (cfg.head_dim[il], cfg.rope_dim[il], cfg.rope_base[il], lw.rope_freq_factors),
+                              dict(n_head=cfg.n_head, hd=cfg.head_dim[il], src=src,
+                                   window=cfg.sliding_window if cfg.is_swa[il] else 0, v_norm=int(bool(cfg.v_norm)),
+                                   attn_scale=float(cfg.attn_scale), k=lw.attn_k,
+                                   v=lw.attn_v if lw.attn_k is not None else None, k_norm=lw.attn_k_norm)))
+            loop, self._loop_rope = build_layer_loop(cache, cfg.n_embd, cfg.eps, LOOP_MAX_TOK, specs)
         self._loop, self._loop_cache = loop, self.cache
         return loop
 
@@ -496,10 +515,6 @@ class Model:
         layers, then the final norm."""
         x = self.embed(tokens)                                        # (n, D), this call's own array
         used = self.cache.reserve(tokens.size)
-        cos, sin = [], []
-        for hd, n_rot, base, inv in self._loop_rope:
-            c, s = rope_tables(pos, hd, n_rot, base, None, inv)
-            cos.append(c)
-            sin.append(s)
-        _run_layers(loop, self._pool, x, pos.astype(np.int32), tuple(cos), tuple(sin), used)
+        cos, sin = loop_rope_tables(self._loop_rope, pos)
+        _run_layers(loop, self._pool, x, pos.astype(np.int32), cos, sin, used)
         return rmsnorm(x, self.w.output_norm, self.cfg.eps)           # (n, D)
