@@ -132,7 +132,7 @@ def test_prefill_tiles_equal_single_token(isa, rng, t, n_tok):
 
 @pytest.mark.parametrize("t", ALL_TYPES)
 @pytest.mark.parametrize("r0,r1", [(0, 0), (3, 7), (0, 1), (16, 33), (32, 33), (5, 40)])
-@pytest.mark.parametrize("n_tok", [3, 9])  # 9: the amx Q4_K tile path, with two token groups
+@pytest.mark.parametrize("n_tok", [3, 9, 16])  # 9: the amx Q4_K tile path, with two token groups; 16: the amx 32-block full-tile path (masked row stores)
 def test_partial_row_ranges_write_only_their_rows(isa, rng, t, r0, r1, n_tok):
     k, n_rows = 256, 40
     w = random_rows(t, n_rows, k, rng)

@@ -22,6 +22,16 @@
  * 38.1 / 42.3 ms against 39.0 / 40.1 / 42.1 / 45.5 without the L2 prefetch (29.7 vs 27.5 GB/s at
  * n = 1); dropping the L1 prefetch then costs 2 %.
  *
+ * 16-token tiles (prefill) keep the 16 accumulators in registers (vector z = row z, lane = token: the
+ * scale is a broadcast of the row's d times the tokens' d, no permutes) and read / write y as 16 token
+ * vectors through one 16 x 16 transpose instead of 256 scalar accesses; with the tile product stored
+ * QA_LAG blocks ahead of its epilogue (see QA_LAG). A/B in one process, single thread, weights in L2
+ * (1 MiB), n = 16, 2-vCPU Xeon with AMX: Q8_0 k = 640 / 2048 0.38-0.41x / 0.64-0.68x the time of the
+ * previous kernel (which kept the accumulators in memory); Q5_0 0.60 / 0.69-0.84x, Q4_0 k = 640
+ * 0.45-0.60x; n = 8 unchanged (0.95-1.04x). pp512 on the real 270M (bench_model, 2 threads): Q4_K_M
+ * 498.6 -> 668.8 t/s, Q8_0 535.5 -> 788.4 (different sessions: llama.cpp read 295.3 -> 352.7 and
+ * 252.5 -> 352.7 on the same pair of runs, so about 1.2x of it is this kernel).
+ *
  * One token goes to the avx512 kernel instead (q_rows16 in gemm_q32_avx512.c). Against it on the 2-vCPU
  * Xeon with AMX, single thread, this kernel at n = 1 took 1.3-1.5x the time in L2 and 1.1x from memory at
  * k = 640; at k = 5376 from memory 0.80x, before q_rows16's row-matched L2 prefetch cut its own time
@@ -66,8 +76,47 @@ G4_AI void qa_unpack16(const int QT, const uint8_t *blk, size_t wrb, int nr, uin
     }
 }
 
-G4_AI void q32_amx(const int QT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
-                   int nt, int64_t k, int64_t r0, int64_t r1) {
+/* Pipeline depth in blocks: block b's tile product is stored into slot b % QA_D of a ring and its
+ * float epilogue runs QA_LAG blocks later, and a Q4_0 / Q5_0 block is unpacked QA_LAG blocks before its
+ * tile load. A tile store is not forwarded to vector loads (nor vector stores to a tile load): a load
+ * right behind one waits until the store has left the core, which with one block of distance cost
+ * more than the products themselves (micro-benchmark: tile loads + product + store + a 16-vector
+ * epilogue 161 cycles per block at a distance of one block, 64 at two). */
+#define QA_LAG 2
+#define QA_D 4
+
+/* 16 x 16 floats transposed in registers: lane j of r[i] -> lane i of r[j] (64 shuffles) */
+G4_AI void qa_transpose16(__m512 *r) {
+    __m512 a[16], b[16];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        a[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        a[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        b[4 * k] = _mm512_shuffle_ps(a[4 * k], a[4 * k + 2], 0x44);
+        b[4 * k + 1] = _mm512_shuffle_ps(a[4 * k], a[4 * k + 2], 0xEE);
+        b[4 * k + 2] = _mm512_shuffle_ps(a[4 * k + 1], a[4 * k + 3], 0x44);
+        b[4 * k + 3] = _mm512_shuffle_ps(a[4 * k + 1], a[4 * k + 3], 0xEE);
+    }
+    /* b[4k + j], 128-bit lane L: element 4L + j of rows 4k..4k+3 */
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const __m512 c1 = _mm512_shuffle_f32x4(b[j], b[4 + j], 0x88), c2 = _mm512_shuffle_f32x4(b[j], b[4 + j], 0xDD);
+        const __m512 d1 = _mm512_shuffle_f32x4(b[8 + j], b[12 + j], 0x88), d2 = _mm512_shuffle_f32x4(b[8 + j], b[12 + j], 0xDD);
+        r[j] = _mm512_shuffle_f32x4(c1, d1, 0x88);
+        r[8 + j] = _mm512_shuffle_f32x4(c1, d1, 0xDD);
+        r[4 + j] = _mm512_shuffle_f32x4(c2, d2, 0x88);
+        r[12 + j] = _mm512_shuffle_f32x4(c2, d2, 0xDD);
+    }
+}
+
+/* NT16: the caller's tile has 16 tokens, so vector z of the accumulators is row z (lane = token) and the
+ * per-item scale is a broadcast of the row's d times the tokens' d: no permutes */
+G4_AI void q32_amx(const int QT, const int NT16, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb,
+                   float *y, int64_t ldy, int nt, int64_t k, int64_t r0, int64_t r1) {
+    if (NT16) nt = 16;
     const size_t BB = QT == QA_Q8_0 ? 34 : QT == QA_Q4_0 ? 18 : 22; /* weight block bytes, d first */
     const int64_t nb = k / QK8_0;
     const size_t BT = (size_t)8 * nt * 4; /* one block of every token: 8 rows of 4 bytes per token */
@@ -76,8 +125,9 @@ G4_AI void q32_amx(const int QT, const uint8_t *w, size_t wrb, const uint8_t *x,
     if (KC > nb) KC = (int)nb;
     _Alignas(64) uint8_t bb[AMX_BUF];
     _Alignas(64) float dxs[Q8CMAX * 16];
-    _Alignas(64) uint8_t ab[16 * 32];
-    _Alignas(64) int32_t cb[2][256];
+    _Alignas(64) uint8_t ab[QA_D][16 * 32];
+    _Alignas(64) int32_t cb[QA_D][256];
+    _Alignas(64) float dwr[QA_D][16]; /* the rows' d of the block in ring slot s */
     /* item P = r * nt + t lives in lane P % 16 of vector P / 16 */
     __m512i ridx[16], tidx[16];
     for (int z = 0; z < nt; z++) {
@@ -115,19 +165,39 @@ G4_AI void q32_amx(const int QT, const uint8_t *w, size_t wrb, const uint8_t *x,
             for (int i = 0; i < 16; i++) offs[i] = (int32_t)((i < nr ? i : nr - 1) * (int64_t)wrb);
             const __m512i offv = _mm512_load_si512(offs);
             __m512 acc[16];
-            for (int z = 0; z < nt; z++) {
-                _Alignas(64) float a[16];
-                for (int L = 0; L < 16; L++) {
-                    const int r = (16 * z + L) / nt, t = (16 * z + L) % nt;
-                    a[L] = (c0 > 0 && r < nr) ? y[(int64_t)t * ldy + rg + r] : 0.0f;
+            const __mmask16 rm = (__mmask16)((1u << nr) - 1);
+            if (NT16) { /* y's 16 rows of token t are one vector: load by token, transpose to rows */
+#pragma GCC unroll 16
+                for (int z = 0; z < 16; z++)
+                    acc[z] = c0 > 0 ? _mm512_maskz_loadu_ps(rm, y + (int64_t)z * ldy + rg) : _mm512_setzero_ps();
+                if (c0 > 0) qa_transpose16(acc);
+            } else
+                for (int z = 0; z < nt; z++) {
+                    _Alignas(64) float a[16];
+                    for (int L = 0; L < 16; L++) {
+                        const int r = (16 * z + L) / nt, t = (16 * z + L) % nt;
+                        a[L] = (c0 > 0 && r < nr) ? y[(int64_t)t * ldy + rg + r] : 0.0f;
+                    }
+                    acc[z] = _mm512_load_ps(a);
                 }
-                acc[z] = _mm512_load_ps(a);
-            }
-            /* software pipeline: the tile product of block b is issued before the float epilogue of
-             * block b - 1, so the epilogue's reload of a stored C tile never waits on the store just
-             * issued (the float sequence per lane is unchanged: block order) */
-            for (int b = 0; b <= kc; b++) {
+            const int a_own = QT != QA_Q8_0 || nr < 16; /* tile A from ab[] rather than the rows in place */
+            /* stage 1 (block b + QA_LAG): A bytes into the ring when not read in place */
+            for (int b = 0; b < QA_LAG && b < kc && a_own; b++) {
                 const uint8_t *blk = base + (size_t)b * BB;
+                if (QT != QA_Q8_0) qa_unpack16(QT, blk, wrb, nr, ab[b % QA_D]);
+                else
+                    for (int i = 0; i < 16; i++) memcpy(ab[b % QA_D] + 32 * i, blk + (size_t)(i < nr ? i : nr - 1) * wrb + 2, 32);
+            }
+            for (int b = 0; b < kc + QA_LAG; b++) {
+                const uint8_t *blk = base + (size_t)b * BB;
+                if (a_own && b + QA_LAG < kc) {
+                    const uint8_t *nbk = blk + QA_LAG * BB;
+                    uint8_t *dst = ab[(b + QA_LAG) % QA_D];
+                    if (QT != QA_Q8_0) qa_unpack16(QT, nbk, wrb, nr, dst);
+                    else
+                        for (int i = 0; i < 16; i++) memcpy(dst + 32 * i, nbk + (size_t)(i < nr ? i : nr - 1) * wrb + 2, 32);
+                }
+                /* stage 2 (block b): the tile product, C into ring slot b % QA_D, and the rows' d */
                 if (b < kc) {
                     if ((b & 1) == 0) {
                         for (int i = 0; i < nr; i++) _mm_prefetch((const char *)blk + (size_t)i * wrb + 8 * BB, _MM_HINT_T0);
@@ -138,62 +208,68 @@ G4_AI void q32_amx(const int QT, const uint8_t *w, size_t wrb, const uint8_t *x,
                             _mm_prefetch(q + 64, _MM_HINT_T1);
                         }
                     }
+                    const int s = b % QA_D;
                     const uint8_t *bt = bb + (size_t)b * BT;
-                    const uint8_t *ap = blk + 2;
-                    size_t as = wrb;
-                    if (QT != QA_Q8_0) {
-                        qa_unpack16(QT, blk, wrb, nr, ab);
-                        ap = ab;
-                        as = 32;
-                    } else if (nr < 16) {
-                        for (int i = 0; i < 16; i++) memcpy(ab + 32 * i, blk + (size_t)(i < nr ? i : nr - 1) * wrb + 2, 32);
-                        ap = ab;
-                        as = 32;
-                    }
+                    const uint8_t *ap = a_own ? ab[s] : blk + 2;
+                    const size_t as = a_own ? 32 : wrb;
                     if ((b & 1) == 0) {
                         G4T_LOAD(0, ap, as);
                         G4T_LOAD(1, bt, nt * 4);
                         G4T_ZERO(2);
                         G4T_DPBSSD(2, 0, 1);
-                        G4T_STORE(2, cb[0], nt * 4);
+                        G4T_STORE(2, cb[s], nt * 4);
                     } else {
                         G4T_LOAD(3, ap, as);
                         G4T_LOAD(4, bt, nt * 4);
                         G4T_ZERO(5);
                         G4T_DPBSSD(5, 3, 4);
-                        G4T_STORE(5, cb[1], nt * 4);
+                        G4T_STORE(5, cb[s], nt * 4);
+                    }
+                    __m512i hv;
+                    if (gather_ok) hv = _mm512_i32gather_epi32(offv, blk, 1);
+                    else {
+                        _Alignas(64) int32_t h[16];
+                        for (int i = 0; i < 16; i++) {
+                            uint16_t v;
+                            memcpy(&v, blk + (size_t)(i < nr ? i : nr - 1) * wrb, 2);
+                            h[i] = v;
+                        }
+                        hv = _mm512_load_si512(h);
+                    }
+                    _mm512_store_ps(dwr[s], g4x_half16_to_ps(_mm512_cvtepi32_epi16(hv)));
+                }
+                /* stage 3 (block e = b - QA_LAG): acc += (float)isum * (d_w * d_x), block order per lane */
+                const int e = b - QA_LAG;
+                if (e < 0) continue;
+                const int s = e % QA_D;
+                const __m512 dx = _mm512_load_ps(dxs + (size_t)e * 16);
+                if (NT16) {
+#pragma GCC unroll 16
+                    for (int z = 0; z < 16; z++) {
+                        const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(dwr[s][z]), dx);
+                        acc[z] = _mm512_add_ps(acc[z], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[s] + 16 * z)), dd));
+                    }
+                } else {
+                    const __m512 dw = _mm512_load_ps(dwr[s]);
+                    for (int z = 0; z < nt; z++) {
+                        const __m512 dd = _mm512_mul_ps(_mm512_permutexvar_ps(ridx[z], dw), _mm512_permutexvar_ps(tidx[z], dx));
+                        acc[z] = _mm512_add_ps(acc[z], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[s] + 16 * z)), dd));
                     }
                 }
-                if (b == 0) continue;
-                /* epilogue of block b - 1 */
-                const int s = (b - 1) & 1;
-                const uint8_t *pb = blk - BB;
-                __m512i hv;
-                if (gather_ok) hv = _mm512_i32gather_epi32(offv, pb, 1);
-                else {
-                    _Alignas(64) int32_t h[16];
-                    for (int i = 0; i < 16; i++) {
-                        uint16_t v;
-                        memcpy(&v, pb + (size_t)(i < nr ? i : nr - 1) * wrb, 2);
-                        h[i] = v;
-                    }
-                    hv = _mm512_load_si512(h);
-                }
-                const __m512 dw = g4x_half16_to_ps(_mm512_cvtepi32_epi16(hv));
-                const __m512 dx = _mm512_load_ps(dxs + (size_t)(b - 1) * 16);
+            }
+            if (NT16) {
+                qa_transpose16(acc);
+#pragma GCC unroll 16
+                for (int z = 0; z < 16; z++) _mm512_mask_storeu_ps(y + (int64_t)z * ldy + rg, rm, acc[z]);
+            } else
                 for (int z = 0; z < nt; z++) {
-                    const __m512 dd = _mm512_mul_ps(_mm512_permutexvar_ps(ridx[z], dw), _mm512_permutexvar_ps(tidx[z], dx));
-                    acc[z] = _mm512_add_ps(acc[z], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[s] + 16 * z)), dd));
+                    _Alignas(64) float a[16];
+                    _mm512_store_ps(a, acc[z]);
+                    for (int L = 0; L < 16; L++) {
+                        const int r = (16 * z + L) / nt, t = (16 * z + L) % nt;
+                        if (r < nr) y[(int64_t)t * ldy + rg + r] = a[L];
+                    }
                 }
-            }
-            for (int z = 0; z < nt; z++) {
-                _Alignas(64) float a[16];
-                _mm512_store_ps(a, acc[z]);
-                for (int L = 0; L < 16; L++) {
-                    const int r = (16 * z + L) / nt, t = (16 * z + L) % nt;
-                    if (r < nr) y[(int64_t)t * ldy + rg + r] = a[L];
-                }
-            }
         }
     }
     g4t_release();
@@ -215,7 +291,8 @@ G4_AI void q32_amx(const int QT, const uint8_t *w, size_t wrb, const uint8_t *x,
             const int nt = (int)(n_tok - t < 16 ? n_tok - t : 16);                                        \
             const uint8_t *xt = (const uint8_t *)x + (size_t)t * xrb;                                     \
             if (nt < MIN_NT) AVX(w, wrb, xt, xrb, y + t * ldy, ldy, nt, k, r0, r1);                        \
-            else q32_amx(QT, (const uint8_t *)w, wrb, xt, xrb, y + t * ldy, ldy, nt, k, r0, r1);          \
+            else if (nt == 16) q32_amx(QT, 1, (const uint8_t *)w, wrb, xt, xrb, y + t * ldy, ldy, 16, k, r0, r1); \
+            else q32_amx(QT, 0, (const uint8_t *)w, wrb, xt, xrb, y + t * ldy, ldy, nt, k, r0, r1);       \
         }                                                                                                 \
     }
 
