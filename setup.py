@@ -23,22 +23,32 @@ AVX512 = AVX2 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx51
 # tile instructions are inline asm (csrc/amx/amx.h); no -mamx-* flags are needed, only VBMI
 AMX = AVX512 + ["-mavx512vbmi"]
 
-libraries = [("g4_ref", {"sources": sorted(glob("csrc/ref/*.c")), "cflags": BASE + ["-O2"]})]
+# Every header is a dependency of every object: a changed struct or inline helper rebuilds the
+# objects of an existing build tree (setuptools' build_clib only compares a source with its object).
+HEADERS = sorted(glob("csrc/*.h") + glob("csrc/*/*.h"))
+
+
+def lib(name, sources, cflags):
+    return (name, {"sources": sources, "cflags": cflags, "obj_deps": {"": HEADERS}})
+
+
+libraries = [lib("g4_ref", sorted(glob("csrc/ref/*.c")), BASE + ["-O2"])]
 if X86:
     libraries += [
-        ("g4_avx2", {"sources": sorted(glob("csrc/avx2/*.c")), "cflags": BASE + OPT + AVX2}),
+        lib("g4_avx2", sorted(glob("csrc/avx2/*.c")), BASE + OPT + AVX2),
         # amx before avx512: its table points at avx512 kernels (static libraries link in order)
-        ("g4_amx", {"sources": sorted(glob("csrc/amx/*.c")), "cflags": BASE + OPT + AMX}),
-        ("g4_avx512", {"sources": sorted(glob("csrc/avx512/*.c")), "cflags": BASE + OPT + AVX512}),
+        lib("g4_amx", sorted(glob("csrc/amx/*.c")), BASE + OPT + AMX),
+        lib("g4_avx512", sorted(glob("csrc/avx512/*.c")), BASE + OPT + AVX512),
     ]
 else:  # non-x86: only the reference table exists; dispatch reports the others as unsupported
-    libraries += [("g4_noarch", {"sources": ["csrc/noarch_tables.c"], "cflags": BASE + ["-O2"]})]
+    libraries += [lib("g4_noarch", ["csrc/noarch_tables.c"], BASE + ["-O2"])]
 
 ext = Extension(
     "gemma4cpu._kernels",
     ["gemma4cpu/_kernels.pyx", "csrc/g4_dispatch.c", "csrc/g4_pool.c", "csrc/g4_attn.c", "csrc/g4_tok.c",
      "csrc/g4_ops.c", "csrc/g4_layers.c"],
     include_dirs=["csrc", np.get_include()],
+    depends=HEADERS + ["gemma4cpu/_kernels.pxd"] + sorted(glob("gemma4cpu/*.pxi")),
     extra_compile_args=["-O2", "-Wno-unused-function", "-fno-strict-aliasing"] + (
         ["-fsanitize=address,undefined", "-g"] if SAN else []),
     extra_link_args=(["-fsanitize=address,undefined"] if SAN else []) + ["-lpthread"],
