@@ -185,6 +185,15 @@ def loop_rope_tables(rope, pos: np.ndarray) -> tuple[tuple, tuple]:
 LOOP_MAX_TOK = 16
 
 
+def layer_loop_from_env() -> bool:
+    """GEMMA4CPU_LAYER_LOOP: 'c' (default) or 'python'; anything else is refused, so that a
+    misspelt value does not silently leave the C loop on."""
+    v = os.environ.get("GEMMA4CPU_LAYER_LOOP", "c").strip().lower() or "c"
+    if v not in ("c", "python"):
+        raise ValueError(f"GEMMA4CPU_LAYER_LOOP={v!r}: expected 'c' (default) or 'python'")
+    return v == "c"
+
+
 # The CPUs this process was allowed at import: a pool pins the thread that calls it, so reading the
 # affinity later would see only that one CPU.
 _ALLOWED_CPUS = sorted(os.sched_getaffinity(0))
@@ -262,6 +271,7 @@ class Model:
         max_batch = check_int("max_batch", max_batch, 1, 1 << 16)
         max_draft = check_int("max_draft", max_draft, 0, 1 << 10)
         kv_type_id(cache_type_k), kv_type_id(cache_type_v)  # refuse an unknown cache type before loading
+        layer_loop = layer_loop_from_env()
         pr = _LoadProgress(getattr(path, "path", path), progress)
         summary = None
         try:
@@ -300,7 +310,7 @@ class Model:
             self.numa.place_kv(self.cache)
             self._loop, self._loop_cache = None, None
             self._inv_freq = {}
-            self.layer_loop = os.environ.get("GEMMA4CPU_LAYER_LOOP", "c").lower() != "python"
+            self.layer_loop = layer_loop
             summary = (f"{self.cfg.arch}, {self.cfg.n_layer} layers, {self.w.n_bytes / 2**30:.2f} GiB weights, "
                        f"KV cache {self.cache.nbytes / 2**20:.0f} MiB ({cache_type_k}/{cache_type_v})")
         finally:

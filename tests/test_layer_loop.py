@@ -86,6 +86,14 @@ def test_env_turns_the_loop_off(files, monkeypatch):
     assert m._layer_loop() is None
 
 
+def test_env_refuses_an_unknown_value(files, monkeypatch):
+    monkeypatch.setenv("GEMMA4CPU_LAYER_LOOP", "pyhton")
+    with pytest.raises(ValueError, match="GEMMA4CPU_LAYER_LOOP='pyhton'"):
+        Model(files["dense"]["q8_0"], n_ctx=32, threads=2, progress=False)
+    monkeypatch.setenv("GEMMA4CPU_LAYER_LOOP", " C ")
+    assert Model(files["dense"]["q8_0"], n_ctx=32, threads=2, progress=False)._layer_loop() is not None
+
+
 def test_reserve_refuses_like_append_and_changes_nothing(files):
     m = Model(files["dense"]["q8_0"], n_ctx=32, threads=2, max_batch=3, max_draft=1, progress=False)
     m.forward(IDS[:3])
