@@ -242,6 +242,7 @@ size_t g4_act_row_bytes(g4_act act, int64_t k) {
 
 typedef struct {
     g4_gemm_fn gemm;
+    g4_gemm_fn gemm_wide; /* NULL: one gemm call per 16-token tile */
     const void *w;
     size_t wrb;
     const void *x;
@@ -288,6 +289,10 @@ static void matmul_task(void *vctx, int ith, int nth) {
     if (chunk < 16) chunk = 16;
     for (int64_t ra = a; ra < b; ra += chunk) {
         const int64_t rb = ra + chunk < b ? ra + chunk : b;
+        if (c->gemm_wide) { /* the kernel tiles the tokens itself (and reuses what it unpacked) */
+            c->gemm_wide(w, c->wrb, c->x, c->xrb, c->y, c->ldy, c->n_tok, c->k, ra, rb);
+            continue;
+        }
         for (int64_t t = 0; t < c->n_tok; t += G4_TOK_TILE) {
             const int64_t nt = c->n_tok - t < G4_TOK_TILE ? c->n_tok - t : G4_TOK_TILE;
             c->gemm(w, c->wrb, (const uint8_t *)c->x + (size_t)t * c->xrb, c->xrb, c->y + t * c->ldy,
@@ -341,7 +346,7 @@ int g4_matmul_split(g4_pool *pool, int type, const void *w, size_t wrb, int64_t 
     }
     if (r0 == r1) return 0;
     const g4_kernels *kt = g4_active();
-    matmul_ctx c = {.gemm = kt->wt[wt].gemm, .w = w, .wrb = wrb, .y = y, .ldy = ldy, .n_tok = n_tok,
+    matmul_ctx c = {.gemm = kt->wt[wt].gemm, .gemm_wide = kt->wt[wt].gemm_wide, .w = w, .wrb = wrb, .y = y, .ldy = ldy, .n_tok = n_tok,
                     .k = k, .r0 = r0, .r1 = r1, .xf = x, .ldx = ldx, .pool = pool, .split = split,
                     .w_group = split ? w_group : NULL};
     const g4_act act = g4_type_act(type);

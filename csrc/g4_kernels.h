@@ -63,6 +63,9 @@ typedef void (*g4_gemm_fn)(const void *w, size_t w_row_bytes, const void *x, siz
 typedef struct {
     g4_dequant_fn dequant_row; /* one row of k elements -> float, bit-identical to gguf.quants */
     g4_gemm_fn gemm;           /* product over n_tok tokens for rows [r0, r1) */
+    /* optional (NULL: none): the same product for any n_tok, used by the pool's prefill path on one
+     * L2 row chunk instead of one gemm call per 16-token tile; must give gemm's bits */
+    g4_gemm_fn gemm_wide;
 } g4_wt_kernels;
 
 typedef struct g4_kernels {

@@ -130,6 +130,22 @@ def test_prefill_tiles_equal_single_token(isa, rng, t, n_tok):
         np.testing.assert_array_equal(y[i].view(np.uint32), yi[0].view(np.uint32))
 
 
+@pytest.mark.parametrize("t", ["Q4_0", "Q5_0", "Q8_0"])
+@pytest.mark.parametrize("k,n_tok", [(21504, 40), (32768, 33), (21504, 31)])
+def test_prefill_wide_rows_equal_single_token(isa, rng, t, k, n_tok):
+    """The pool's prefill path at widths where the amx table's wide Q4_0 / Q5_0 entry unpacks its row
+    chunk in several cache slices (k = 21504: 16 rows a slice, 45 rows = 2 full slices and a partial
+    16-row group), and where it must fall back to its tiled entry (k = 32768: a 16-row group exceeds
+    the cache; n_tok < 32): every row still equals the single-token product bit for bit."""
+    n_rows = 45
+    w = random_rows(t, n_rows, k, rng)
+    x = rng.standard_normal((n_tok, k)).astype(np.float32)
+    y = K.matmul(K.Pool(2), t, w, k, x)
+    for i in (0, 17, n_tok - 1):
+        yi = K.gemm_rows(t, w, k, _act(t, x[i:i + 1])[0], np.empty((1, n_rows), np.float32))
+        np.testing.assert_array_equal(y[i].view(np.uint32), yi[0].view(np.uint32), err_msg=f"token {i}")
+
+
 @pytest.mark.parametrize("t", ALL_TYPES)
 @pytest.mark.parametrize("r0,r1", [(0, 0), (3, 7), (0, 1), (16, 33), (32, 33), (5, 40)])
 @pytest.mark.parametrize("n_tok", [3, 9, 16])  # 9: the amx Q4_K tile path, with two token groups; 16: the amx 32-block full-tile path (masked row stores)

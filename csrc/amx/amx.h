@@ -12,6 +12,10 @@
 #include "../avx512/avx512.h"
 
 G4_DECLARE_ISA(amx)
+void g4_gemm_wide_q4_0_q8_0_amx(const void *, size_t, const void *, size_t, float *, int64_t, int64_t, int64_t,
+                                int64_t, int64_t);
+void g4_gemm_wide_q5_0_q8_0_amx(const void *, size_t, const void *, size_t, float *, int64_t, int64_t, int64_t,
+                                int64_t, int64_t);
 
 typedef struct {
     uint8_t palette;   /* 1 */

@@ -114,8 +114,9 @@ G4_AI void qa_transpose16(__m512 *r) {
 
 /* NT16: the caller's tile has 16 tokens, so vector z of the accumulators is row z (lane = token) and the
  * per-item scale is a broadcast of the row's d times the tokens' d: no permutes */
+/* acache: NULL, or tile A of every block of rows [r0, r1) already unpacked (qa_unpack_rows) */
 G4_AI void q32_amx(const int QT, const int NT16, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb,
-                   float *y, int64_t ldy, int nt, int64_t k, int64_t r0, int64_t r1) {
+                   float *y, int64_t ldy, int nt, int64_t k, int64_t r0, int64_t r1, const uint8_t *acache) {
     if (NT16) nt = 16;
     const size_t BB = QT == QA_Q8_0 ? 34 : QT == QA_Q4_0 ? 18 : 22; /* weight block bytes, d first */
     const int64_t nb = k / QK8_0;
@@ -180,7 +181,9 @@ G4_AI void q32_amx(const int QT, const int NT16, const uint8_t *w, size_t wrb, c
                     }
                     acc[z] = _mm512_load_ps(a);
                 }
-            const int a_own = QT != QA_Q8_0 || nr < 16; /* tile A from ab[] rather than the rows in place */
+            /* tile A from ab[] rather than the rows in place (or from the cache) */
+            const int a_own = !acache && (QT != QA_Q8_0 || nr < 16);
+            const uint8_t *const ac = acache ? acache + ((size_t)((rg - r0) / 16) * (size_t)nb + (size_t)c0) * 512 : NULL;
             /* stage 1 (block b + QA_LAG): A bytes into the ring when not read in place */
             for (int b = 0; b < QA_LAG && b < kc && a_own; b++) {
                 const uint8_t *blk = base + (size_t)b * BB;
@@ -210,8 +213,8 @@ G4_AI void q32_amx(const int QT, const int NT16, const uint8_t *w, size_t wrb, c
                     }
                     const int s = b % QA_D;
                     const uint8_t *bt = bb + (size_t)b * BT;
-                    const uint8_t *ap = a_own ? ab[s] : blk + 2;
-                    const size_t as = a_own ? 32 : wrb;
+                    const uint8_t *ap = ac ? ac + (size_t)b * 512 : a_own ? ab[s] : blk + 2;
+                    const size_t as = ac || a_own ? 32 : wrb;
                     if ((b & 1) == 0) {
                         G4T_LOAD(0, ap, as);
                         G4T_LOAD(1, bt, nt * 4);
@@ -291,11 +294,66 @@ G4_AI void q32_amx(const int QT, const int NT16, const uint8_t *w, size_t wrb, c
             const int nt = (int)(n_tok - t < 16 ? n_tok - t : 16);                                        \
             const uint8_t *xt = (const uint8_t *)x + (size_t)t * xrb;                                     \
             if (nt < MIN_NT) AVX(w, wrb, xt, xrb, y + t * ldy, ldy, nt, k, r0, r1);                        \
-            else if (nt == 16) q32_amx(QT, 1, (const uint8_t *)w, wrb, xt, xrb, y + t * ldy, ldy, 16, k, r0, r1); \
-            else q32_amx(QT, 0, (const uint8_t *)w, wrb, xt, xrb, y + t * ldy, ldy, nt, k, r0, r1);       \
+            else if (nt == 16) q32_amx(QT, 1, (const uint8_t *)w, wrb, xt, xrb, y + t * ldy, ldy, 16, k, r0, r1, NULL); \
+            else q32_amx(QT, 0, (const uint8_t *)w, wrb, xt, xrb, y + t * ldy, ldy, nt, k, r0, r1, NULL); \
         }                                                                                                 \
     }
 
 QA_ENTRY(g4_gemm_q8_0_q8_0_amx, QA_Q8_0, g4_gemm_q8_0_q8_0_avx512, 2)
 QA_ENTRY(g4_gemm_q4_0_q8_0_amx, QA_Q4_0, g4_gemm_q4_0_q8_0_avx512, 8)
 QA_ENTRY(g4_gemm_q5_0_q8_0_amx, QA_Q5_0, g4_gemm_q5_0_q8_0_avx512, 8)
+
+/* ------------------------------------------------------------------------------------------- */
+/* wide entries (the pool's prefill path: any n_tok on one L2 row chunk)                        */
+/* ------------------------------------------------------------------------------------------- */
+/* Q4_0 / Q5_0 tile A has to be unpacked from the nibbles; the tiled entry above does it again for
+ * every 16-token tile. The wide entry unpacks a slice of rows once into a per-thread cache and runs
+ * every token tile of the call on it (slices of QA_CACHE bytes of unpacked A: 16 rows x 32 bytes per
+ * block). Same tile products and float sequence as the tiled entry, so the same bits. The cache is a
+ * per-thread buffer kept for the thread's lifetime (at most QA_CACHE bytes); if it cannot be
+ * allocated the call takes the tiled entry. */
+#define QA_CACHE (512u * 1024u)
+
+static _Thread_local uint8_t *qa_cache;
+
+static uint8_t *qa_cache_get(void) {
+    if (!qa_cache) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, QA_CACHE) != 0) return NULL;
+        qa_cache = (uint8_t *)p;
+    }
+    return qa_cache;
+}
+
+/* rows [r0, r1) (16-row groups, the last clamped like qa_unpack16), all nb blocks -> cache */
+G4_AI void qa_unpack_rows(const int QT, const uint8_t *w, size_t wrb, int64_t nb, int64_t r0, int64_t r1, uint8_t *ac) {
+    const size_t BB = QT == QA_Q4_0 ? 18 : 22;
+    for (int64_t rg = r0; rg < r1; rg += 16) {
+        const int nr = (int)(r1 - rg < 16 ? r1 - rg : 16);
+        const uint8_t *row = w + (size_t)rg * wrb;
+        uint8_t *dst = ac + (size_t)((rg - r0) / 16) * (size_t)nb * 512;
+        for (int64_t b = 0; b < nb; b++) qa_unpack16(QT, row + (size_t)b * BB, wrb, nr, dst + (size_t)b * 512);
+    }
+}
+
+#define QA_WIDE(NAME, QT, TILED)                                                                             \
+    void NAME(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy, int64_t n_tok,   \
+              int64_t k, int64_t r0, int64_t r1) {                                                          \
+        const int64_t nb = k / QK8_0;                                                                       \
+        const int64_t slice = (int64_t)(QA_CACHE / ((size_t)nb * 512)) * 16; /* rows per cache fill */     \
+        uint8_t *ac = n_tok >= 32 && slice >= 16 ? qa_cache_get() : NULL;                                  \
+        if (!ac) { TILED(w, wrb, x, xrb, y, ldy, n_tok, k, r0, r1); return; }                              \
+        for (int64_t ra = r0; ra < r1; ra += slice) {                                                       \
+            const int64_t rb = r1 - ra < slice ? r1 : ra + slice;                                           \
+            qa_unpack_rows(QT, (const uint8_t *)w, wrb, nb, ra, rb, ac);                                    \
+            for (int64_t t = 0; t < n_tok; t += 16) {                                                       \
+                const int nt = (int)(n_tok - t < 16 ? n_tok - t : 16);                                      \
+                const uint8_t *xt = (const uint8_t *)x + (size_t)t * xrb;                                   \
+                if (nt == 16) q32_amx(QT, 1, (const uint8_t *)w, wrb, xt, xrb, y + t * ldy, ldy, 16, k, ra, rb, ac); \
+                else q32_amx(QT, 0, (const uint8_t *)w, wrb, xt, xrb, y + t * ldy, ldy, nt, k, ra, rb, ac); \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+
+QA_WIDE(g4_gemm_wide_q4_0_q8_0_amx, QA_Q4_0, g4_gemm_q4_0_q8_0_amx)
+QA_WIDE(g4_gemm_wide_q5_0_q8_0_amx, QA_Q5_0, g4_gemm_q5_0_q8_0_amx)

@@ -13,8 +13,9 @@ G4_DECLARE_ISA(avx512)
 #define G4_AI static inline __attribute__((always_inline))
 
 /* The avx512 table's initializer, shared with the amx table (csrc/amx/table_amx.c), which differs
- * only in its name and its Q4_0 / Q5_0 / Q8_0 and Q4_K products. */
-#define G4_AVX512_FAMILY_TABLE(NAME, GEMM_Q4_0, GEMM_Q5_0, GEMM_Q8_0, GEMM_Q4_K)                                                   \
+ * only in its name, its Q4_0 / Q5_0 / Q8_0 and Q4_K products and its wide (prefill) Q4_0 / Q5_0 entries
+ * (NULL in the avx512 table). */
+#define G4_AVX512_FAMILY_TABLE(NAME, GEMM_Q4_0, GEMM_Q5_0, GEMM_Q8_0, GEMM_Q4_K, WIDE_Q4_0, WIDE_Q5_0)                      \
     {                                                                                              \
         .isa = NAME,                                                                               \
         .quantize_row_q8_0 = g4_quantize_row_q8_0_avx512,                                          \
@@ -23,8 +24,8 @@ G4_DECLARE_ISA(avx512)
             [G4_WT_F32] = {g4_dequant_row_f32_avx512, g4_gemm_f32_f32_avx512},                     \
             [G4_WT_F16] = {g4_dequant_row_f16_avx512, g4_gemm_f16_f32_avx512},                     \
             [G4_WT_BF16] = {g4_dequant_row_bf16_avx512, g4_gemm_bf16_f32_avx512},                  \
-            [G4_WT_Q4_0] = {g4_dequant_row_q4_0_avx512, GEMM_Q4_0},                                \
-            [G4_WT_Q5_0] = {g4_dequant_row_q5_0_avx512, GEMM_Q5_0},                                \
+            [G4_WT_Q4_0] = {g4_dequant_row_q4_0_avx512, GEMM_Q4_0, WIDE_Q4_0},                     \
+            [G4_WT_Q5_0] = {g4_dequant_row_q5_0_avx512, GEMM_Q5_0, WIDE_Q5_0},                     \
             [G4_WT_Q8_0] = {g4_dequant_row_q8_0_avx512, GEMM_Q8_0},                                \
             [G4_WT_Q4_K] = {g4_dequant_row_q4_K_avx512, GEMM_Q4_K},                                \
             [G4_WT_Q5_K] = {g4_dequant_row_q5_K_avx512, g4_gemm_q5_K_q8_K_avx512},                 \

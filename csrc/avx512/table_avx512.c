@@ -3,4 +3,4 @@
 #include "avx512.h"
 
 const g4_kernels g4_kernels_avx512 = G4_AVX512_FAMILY_TABLE("avx512", g4_gemm_q4_0_q8_0_avx512, g4_gemm_q5_0_q8_0_avx512,
-                                                              g4_gemm_q8_0_q8_0_avx512, g4_gemm_q4_K_q8_K_avx512);
+                                                              g4_gemm_q8_0_q8_0_avx512, g4_gemm_q4_K_q8_K_avx512, NULL, NULL);
