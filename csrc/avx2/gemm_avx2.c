@@ -29,6 +29,14 @@
  * unrolled integer sums into a tree and spills every partial product to the stack. */
 #define G4_KEEP(v) __asm__("" : "+x"(v))
 
+/* 8 halves as one vector, packed in general registers first (they are idle in these loops; eight
+ * vector inserts cost ~16 vector ops on Zen 3) */
+static inline __m128i g4_h16x8(uint16_t h0, uint16_t h1, uint16_t h2, uint16_t h3, uint16_t h4, uint16_t h5,
+                               uint16_t h6, uint16_t h7) {
+    const uint64_t lo = (uint64_t)h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
+    const uint64_t hi = (uint64_t)h4 | (uint64_t)h5 << 16 | (uint64_t)h6 << 32 | (uint64_t)h7 << 48;
+    return _mm_insert_epi64(_mm_cvtsi64_si128((long long)lo), (long long)hi, 1);
+}
 /* Shared by the one-token paths: 8 fp16 scales stride bytes apart (0 past n) as one float
  * vector (8 blocks of a row, or the same block of 8 rows), and the in-order scalar adds of a
  * group's per-block float results p[0..n-1] to an accumulator (the reference's sequence). */
@@ -36,8 +44,7 @@ static inline __m256 g4_h8(const uint8_t *p, size_t stride, int n) {
     uint16_t h[8];
     if (n == 8) {
         for (int i = 0; i < 8; i++) memcpy(&h[i], p + i * stride, 2);
-        return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4],
-                                              (short)h[5], (short)h[6], (short)h[7]));
+        return _mm256_cvtph_ps(g4_h16x8(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]));
     }
     for (int i = 0; i < 8; i++) {
         h[i] = 0;
@@ -490,24 +497,36 @@ G4_KQ_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok, g4_q6_K
 /* ============================ Q8_0 / Q5_0 / Q4_0 x Q8_0 ==================================== */
 /* Weights of a block as signed int8. Q8_0: maddubs(|w|, sign(x, w)) (exact for x > -128; see
  * g4_q8_0_act_has_m128 for the rest);
- * Q5_0/Q4_0 (|w| <= 16): maddubs(|x|, sign(w, x)), exact for every int8 x. */
+ * Q5_0/Q4_0 (|w| <= 16): maddubs(|x|, sign(w, x)), exact for every int8 x.
+ * The unsigned codes u (Q4_0: 0..15, Q5_0: 0..31; w = u - 8 / u - 16) are what the 5..8-token path
+ * multiplies: maddubs(u, x) is exact for every int8 x (|2 x 31 x 128| < 2^15), and
+ * sum (u - off) x = sum u x - off sum x, the last term taken from a per-call table. */
+
+/* the 16 bytes of nibbles -> [low nibbles | high nibbles]: one broadcast load, one per-lane shift */
+static inline __m256i g4_nib32(const uint8_t *qs) {
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
+}
+static inline __m256i g4_q4_0_uvals(const block_q4_0 *b) { return g4_nib32(b->qs); }
 static inline __m256i g4_q4_0_vals(const block_q4_0 *b) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0f);
-    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-    return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+    return _mm256_sub_epi8(g4_q4_0_uvals(b), _mm256_set1_epi8(8));
 }
 
-static inline __m256i g4_q5_0_vals(const block_q5_0 *b) {
+/* byte i of the result: 0xff where bit i of qh is set, else 0 */
+static inline __m256i g4_q5_0_hmask(const block_q5_0 *b) {
     uint32_t qh;
     memcpy(&qh, b->qh, 4);
     const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bitm = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-    hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bitm), bitm), _mm256_set1_epi8(0x10));
-    const __m128i q = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0f);
-    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-    return _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
+    const __m256i notbit = _mm256_set1_epi64x((long long)0x7fbfdfeff7fbfdfeull); /* all bits but bit i%8 */
+    return _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf), notbit),
+                             _mm256_set1_epi8(-1));
+}
+static inline __m256i g4_q5_0_uvals(const block_q5_0 *b) {
+    return _mm256_or_si256(g4_nib32(b->qs), _mm256_and_si256(g4_q5_0_hmask(b), _mm256_set1_epi8(0x10)));
+}
+static inline __m256i g4_q5_0_vals(const block_q5_0 *b) { /* nib - 16 where the bit is clear, else nib */
+    return _mm256_sub_epi8(g4_nib32(b->qs), _mm256_andnot_si256(g4_q5_0_hmask(b), _mm256_set1_epi8(0x10)));
 }
 
 static inline __m256i g4_q8_0_vals(const block_q8_0 *b) { return _mm256_loadu_si256((const __m256i *)b->qs); }
@@ -520,7 +539,7 @@ static inline __m256i g4_q32_dot(__m256i wv, __m256i aw, const int8_t *xq, const
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-#define G4_Q32_KERNELS(PFX, BT, VALS, SMALLW)                                                      \
+#define G4_Q32_KERNELS(PFX, BT, VALS, SMALLW, UVALS, OFF)                                         \
     static float PFX##_one(const BT *wr, const block_q8_0 *xb, int64_t nb, float acc) {            \
         for (int64_t bg = 0; bg < nb; bg += 8) {                                                   \
             const int nbg = (int)(nb - bg < 8 ? nb - bg : 8);                                      \
@@ -563,17 +582,28 @@ static inline __m256i g4_q32_dot(__m256i wv, __m256i aw, const int8_t *xq, const
         }                                                                                          \
         _mm256_storeu_ps(yr, acc);                                                                 \
     }                                                                                              \
+    /* 5..8 tokens, token lanes; OFF != 0 (Q4_0 / Q5_0): products of the unsigned codes, minus  \
+     * OFF x bsum from the per-call table bsx (exactly the signed sum: no abs / sign per token) */ \
     static inline __attribute__((always_inline)) void PFX##_tok(const BT *wr, int64_t nb, const uint8_t *x, \
-        size_t xrb, float *y, int64_t ldy, int64_t r, const float *dxt, int first, const int NT) { \
+        size_t xrb, float *y, int64_t ldy, int64_t r, const float *dxt, const int32_t *bsx, int first, \
+        const int NT) {                                                                            \
         const block_q8_0 *xt[8];                                                                   \
         for (int t = 0; t < NT; t++) xt[t] = (const block_q8_0 *)(x + (size_t)t * xrb);            \
         __m256 acc = first ? _mm256_setzero_ps() : g4_load_acc(y, ldy, r, NT);                     \
         for (int64_t b = 0; b < nb; b++) {                                                         \
-            const __m256i wv = VALS(&wr[b]), aw = _mm256_abs_epi8(wv);                             \
-            __m256i S[8];                                                                          \
-            for (int t = 0; t < NT; t++) S[t] = g4_q32_dot(wv, aw, xt[t][b].qs, SMALLW);           \
+            __m256i S[8], R;                                                                       \
+            if (OFF) {                                                                             \
+                const __m256i wu = UVALS(&wr[b]), one = _mm256_set1_epi16(1);                      \
+                for (int t = 0; t < NT; t++)                                                       \
+                    S[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, _mm256_loadu_si256((const __m256i *)xt[t][b].qs)), one); \
+                R = _mm256_sub_epi32(g4_hsum_nt(S, NT), _mm256_loadu_si256((const __m256i *)(bsx + 8 * b))); \
+            } else {                                                                               \
+                const __m256i wv = VALS(&wr[b]), aw = _mm256_abs_epi8(wv);                         \
+                for (int t = 0; t < NT; t++) S[t] = g4_q32_dot(wv, aw, xt[t][b].qs, SMALLW);       \
+                R = g4_hsum_nt(S, NT);                                                             \
+            }                                                                                      \
             const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wr[b].d)), _mm256_loadu_ps(dxt + 8 * b)); \
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(g4_hsum_nt(S, NT)), dd));     \
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(R), dd));                    \
         }                                                                                          \
         float a[8];                                                                                \
         _mm256_storeu_ps(a, acc);                                                                  \
@@ -602,8 +632,8 @@ static inline __m256i g4_q32_dot(__m256i wv, __m256i aw, const int8_t *xq, const
                     S[i * NTP + t] = t < NT ? g4_q32_dot(wv, aw, xt[t][bg + i].qs, SMALLW) : z;    \
             }                                                                                      \
             const __m256i R = g4_avx2_hsum8x8(S[0], S[1], S[2], S[3], S[4], S[5], S[6], S[7]);     \
-            const __m128i wh = _mm_setr_epi16(G4_WH(0), G4_WH(1), G4_WH(2), G4_WH(3), G4_WH(4), G4_WH(5), G4_WH(6), G4_WH(7)); \
-            const __m128i xh = _mm_setr_epi16(G4_XH(0), G4_XH(1), G4_XH(2), G4_XH(3), G4_XH(4), G4_XH(5), G4_XH(6), G4_XH(7)); \
+            const __m128i wh = g4_h16x8(G4_WH(0), G4_WH(1), G4_WH(2), G4_WH(3), G4_WH(4), G4_WH(5), G4_WH(6), G4_WH(7)); \
+            const __m128i xh = g4_h16x8(G4_XH(0), G4_XH(1), G4_XH(2), G4_XH(3), G4_XH(4), G4_XH(5), G4_XH(6), G4_XH(7)); \
             const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(wh), _mm256_cvtph_ps(xh));             \
             const __m256 P = _mm256_mul_ps(_mm256_cvtepi32_ps(R), dd);                             \
             const __m128 lo = _mm256_castps256_ps128(P), hi = _mm256_extractf128_ps(P, 1);         \
@@ -636,22 +666,32 @@ G4_Q32_TOKB(g4_q8_0, block_q8_0, g4_q8_0_vals, 0)
 G4_Q32_TOKB(g4_q5_0, block_q5_0, g4_q5_0_vals, 1)
 G4_Q32_TOKB(g4_q4_0, block_q4_0, g4_q4_0_vals, 1)
 
-G4_Q32_KERNELS(g4_q8_0, block_q8_0, g4_q8_0_vals, 0)
-G4_Q32_KERNELS(g4_q5_0, block_q5_0, g4_q5_0_vals, 1)
-G4_Q32_KERNELS(g4_q4_0, block_q4_0, g4_q4_0_vals, 1)
+G4_Q32_KERNELS(g4_q8_0, block_q8_0, g4_q8_0_vals, 0, g4_q8_0_vals, 0)
+G4_Q32_KERNELS(g4_q5_0, block_q5_0, g4_q5_0_vals, 1, g4_q5_0_uvals, 16)
+G4_Q32_KERNELS(g4_q4_0, block_q4_0, g4_q4_0_vals, 1, g4_q4_0_uvals, 8)
 
 /* generic driver: rows outer, tokens in chunks of 8 (ONE for a single token) */
 #define G4_CAPB32 512 /* 32-blocks per dx-table range (k <= 16384 in one range) */
-static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_t nbr, float *dxt) {
+/* dxt[8b + t]: token t's block scale; bsx (off != 0): off x the sum of token t's block quants */
+static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_t nbr, float *dxt, int32_t *bsx,
+                          int off) {
     for (int64_t b = 0; b < nbr; b++)
-        for (int t = 0; t < 8; t++)
-            dxt[8 * b + t] = t < nt ? g4_fp16_to_fp32_f16c(((const block_q8_0 *)(x + (size_t)t * xrb))[b0 + b].d) : 0.0f;
+        for (int t = 0; t < 8; t++) {
+            const block_q8_0 *xb = (const block_q8_0 *)(x + (size_t)t * xrb) + b0 + b;
+            dxt[8 * b + t] = t < nt ? g4_fp16_to_fp32_f16c(xb->d) : 0.0f;
+            if (off) {
+                int32_t sum = 0;
+                if (t < nt)
+                    for (int i = 0; i < QK8_0; i++) sum += xb->qs[i];
+                bsx[8 * b + t] = off * sum;
+            }
+        }
 }
 
 /* driver: token tiles of 16 (chunks of 8; ONE for a single token, TOKB for 2..4, TOK with a
  * per-call dx table for 5..8), rows inside; the accumulators continue across dx-table ranges
  * through y */
-#define G4_Q32_GEMM(NAME, BT, ONE, TOK, TOKB, ROWS8, GUARD)                                        \
+#define G4_Q32_GEMM(NAME, BT, ONE, TOK, TOKB, ROWS8, GUARD, OFF)                                   \
     void NAME(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,         \
               int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {                                  \
         const int64_t nb = k / 32;                                                                 \
@@ -665,6 +705,7 @@ static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int6
             return;                                                                                \
         }                                                                                          \
         float dxt[2][8 * G4_CAPB32];                                                               \
+        int32_t bsx[2][OFF ? 8 * G4_CAPB32 : 1];                                                   \
         for (int64_t tt = 0; tt < n_tok; tt += 16) {                                               \
             const int ntt = (int)(n_tok - tt < 16 ? n_tok - tt : 16);                              \
             const int nch = (ntt + 7) / 8;                                                         \
@@ -673,7 +714,7 @@ static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int6
                 const int64_t nbr = nb - b0 < range ? nb - b0 : range;                             \
                 for (int c = 0; c < nch; c++) {                                                    \
                     const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                              \
-                    if (nt >= 5) g4_build_dx32((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, dxt[c]); \
+                    if (nt >= 5) g4_build_dx32((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, dxt[c], bsx[c], OFF); \
                 }                                                                                  \
                 const int first = b0 == 0;                                                         \
                 for (int64_t r = r0; r < r1; r++) {                                                \
@@ -687,10 +728,10 @@ static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int6
                         case 2: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 2); break;               \
                         case 3: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 3); break;               \
                         case 4: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 4); break;               \
-                        case 5: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 5); break;        \
-                        case 6: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 6); break;        \
-                        case 7: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 7); break;        \
-                        default: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 8); break;       \
+                        case 5: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 5); break; \
+                        case 6: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 6); break; \
+                        case 7: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 7); break; \
+                        default: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 8); break; \
                         }                                                                          \
                     }                                                                              \
                 }                                                                                  \
@@ -716,9 +757,9 @@ static int g4_q8_0_act_has_m128(const void *x, size_t xrb, int64_t n_tok, int64_
         return;                                                                                    \
     }
 
-G4_Q32_GEMM(g4_gemm_q8_0_q8_0_avx2, block_q8_0, g4_q8_0_one, g4_q8_0_tok, g4_q8_0_tokb, g4_q8_0_rows8, G4_Q8_0_GUARD)
-G4_Q32_GEMM(g4_gemm_q5_0_q8_0_avx2, block_q5_0, g4_q5_0_one, g4_q5_0_tok, g4_q5_0_tokb, g4_q5_0_rows8, )
-G4_Q32_GEMM(g4_gemm_q4_0_q8_0_avx2, block_q4_0, g4_q4_0_one, g4_q4_0_tok, g4_q4_0_tokb, g4_q4_0_rows8, )
+G4_Q32_GEMM(g4_gemm_q8_0_q8_0_avx2, block_q8_0, g4_q8_0_one, g4_q8_0_tok, g4_q8_0_tokb, g4_q8_0_rows8, G4_Q8_0_GUARD, 0)
+G4_Q32_GEMM(g4_gemm_q5_0_q8_0_avx2, block_q5_0, g4_q5_0_one, g4_q5_0_tok, g4_q5_0_tokb, g4_q5_0_rows8, , 16)
+G4_Q32_GEMM(g4_gemm_q4_0_q8_0_avx2, block_q4_0, g4_q4_0_one, g4_q4_0_tok, g4_q4_0_tokb, g4_q4_0_rows8, , 8)
 
 /* ================================ F32 / F16 / BF16 x F32 =================================== */
 static inline __m256 g4_ld_f32(const void *p) { return _mm256_loadu_ps((const float *)p); }
