@@ -9,6 +9,7 @@ from glob import glob
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext as _build_ext
 
 BASE = ["-std=c11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration",
         "-ffp-contract=off", "-fPIC", "-fno-strict-aliasing"]
@@ -55,7 +56,20 @@ ext = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
+class build_ext(_build_ext):
+    """Relinks the extension when a C library (an archive of build_clib) is newer than it:
+    setuptools compares an extension only with its sources and `depends`, so an edited kernel
+    file rebuilt its archive and left the old code linked into an existing _kernels*.so."""
+
+    def build_extension(self, ext):
+        clib = self.get_finalized_command("build_clib").build_clib
+        archives = [os.path.join(clib, self.compiler.library_filename(name)) for name, _ in libraries]
+        ext.depends = list(ext.depends) + [a for a in archives if os.path.exists(a)]
+        super().build_extension(ext)
+
+
 setup(
+    cmdclass={"build_ext": build_ext},
     libraries=libraries,
     ext_modules=cythonize([ext], language_level=3, compiler_directives={"boundscheck": False, "wraparound": False}),
 )
