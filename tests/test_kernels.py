@@ -111,7 +111,7 @@ def test_batch_invariance(isa, rng, t):
     x = rng.standard_normal((16, k)).astype(np.float32)
     single = np.stack([K.gemm_rows(t, w, k, _act(t, x[i:i + 1])[0], np.empty((1, n_rows), np.float32))[0]
                        for i in range(16)])
-    ns = range(1, 17) if t in ("Q4_K", "Q8_0") else (1, 2, 3, 4, 7, 8, 9, 16)
+    ns = range(1, 17) if t in ("Q4_K", "Q8_0", "Q5_0") else (1, 2, 3, 4, 5, 7, 8, 9, 13, 16)
     for n in ns:
         y = K.gemm_rows(t, w, k, _act(t, x[:n])[0], np.empty((n, n_rows), np.float32))
         np.testing.assert_array_equal(y.view(np.uint32), single[:n].view(np.uint32), err_msg=f"n={n}")

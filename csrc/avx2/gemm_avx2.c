@@ -688,10 +688,123 @@ static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int6
         }
 }
 
+/* Q4_0 / Q5_0, 5..8 tokens ("TOKX"): lanes are tokens from the start, so no per-block transpose.
+ * The activations of a chunk are re-laid once per call (g4_build_x4): xi[64 b + 8 j + t] = bytes
+ * 4j..4j+3 of token t's block b (0 for padding tokens). Per block, dword j of the unsigned codes is
+ * broadcast (one in-lane shuffle of the half holding it: a store and reloads stall on store
+ * forwarding) and maddubs(codes, xi[b][j]) gives every token's two pair sums of elements 4j..4j+3;
+ * the int16 sums of several j are exact (Q5_0: 4 x 2 x 31 x 128 < 2^15; Q4_0: 8 x 2 x 15 x 128),
+ * then widened by madd, and off x bsum (table bsx) subtracted: each lane holds the block's exact
+ * signed integer sum for its token, and the float ops are the TOK path's. */
+#define G4_CAPX 64 /* blocks per xi range: 64 x 256 bytes per chunk of 8 tokens */
+static void g4_build_x4(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_t nbr, uint32_t *xi) {
+    for (int64_t b = 0; b < nbr; b++) {
+        __m256i v[8];
+        for (int t = 0; t < 8; t++)
+            v[t] = t < nt ? _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)(x + (size_t)t * xrb) + b0 + b)->qs)
+                          : _mm256_setzero_si256();
+        /* 8 x 8 transpose of dwords: row t = token, column j = dword */
+        const __m256i a0 = _mm256_unpacklo_epi32(v[0], v[1]), a1 = _mm256_unpackhi_epi32(v[0], v[1]);
+        const __m256i a2 = _mm256_unpacklo_epi32(v[2], v[3]), a3 = _mm256_unpackhi_epi32(v[2], v[3]);
+        const __m256i a4 = _mm256_unpacklo_epi32(v[4], v[5]), a5 = _mm256_unpackhi_epi32(v[4], v[5]);
+        const __m256i a6 = _mm256_unpacklo_epi32(v[6], v[7]), a7 = _mm256_unpackhi_epi32(v[6], v[7]);
+        const __m256i b0_ = _mm256_unpacklo_epi64(a0, a2), b1 = _mm256_unpackhi_epi64(a0, a2);
+        const __m256i b2 = _mm256_unpacklo_epi64(a1, a3), b3 = _mm256_unpackhi_epi64(a1, a3);
+        const __m256i b4 = _mm256_unpacklo_epi64(a4, a6), b5 = _mm256_unpackhi_epi64(a4, a6);
+        const __m256i b6 = _mm256_unpacklo_epi64(a5, a7), b7 = _mm256_unpackhi_epi64(a5, a7);
+        __m256i *o = (__m256i *)(xi + 64 * b);
+        _mm256_store_si256(o + 0, _mm256_permute2x128_si256(b0_, b4, 0x20));
+        _mm256_store_si256(o + 1, _mm256_permute2x128_si256(b1, b5, 0x20));
+        _mm256_store_si256(o + 2, _mm256_permute2x128_si256(b2, b6, 0x20));
+        _mm256_store_si256(o + 3, _mm256_permute2x128_si256(b3, b7, 0x20));
+        _mm256_store_si256(o + 4, _mm256_permute2x128_si256(b0_, b4, 0x31));
+        _mm256_store_si256(o + 5, _mm256_permute2x128_si256(b1, b5, 0x31));
+        _mm256_store_si256(o + 6, _mm256_permute2x128_si256(b2, b6, 0x31));
+        _mm256_store_si256(o + 7, _mm256_permute2x128_si256(b3, b7, 0x31));
+    }
+}
+#define G4_Q32_TOKX(PFX, BT, UVALS, OFF)                                                           \
+    static inline __attribute__((always_inline)) void PFX##_tokx(const BT *wr, int64_t nb, const uint32_t *xi, \
+        float *y, int64_t ldy, int64_t r, const float *dxt, const int32_t *bsx, int first, const int NT) { \
+        __m256 acc = first ? _mm256_setzero_ps() : g4_load_acc(y, ldy, r, NT);                     \
+        const __m256i one = _mm256_set1_epi16(1);                                                  \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            const __m256i wu = UVALS(&wr[b]);                                                      \
+            const __m256i wl = _mm256_permute2x128_si256(wu, wu, 0x00), wh = _mm256_permute2x128_si256(wu, wu, 0x11); \
+            const __m256i *xv = (const __m256i *)(xi + 64 * b);                                    \
+            __m256i p[8];                                                                          \
+            p[0] = _mm256_maddubs_epi16(_mm256_shuffle_epi32(wl, 0x00), _mm256_load_si256(xv + 0)); \
+            p[1] = _mm256_maddubs_epi16(_mm256_shuffle_epi32(wl, 0x55), _mm256_load_si256(xv + 1)); \
+            p[2] = _mm256_maddubs_epi16(_mm256_shuffle_epi32(wl, 0xaa), _mm256_load_si256(xv + 2)); \
+            p[3] = _mm256_maddubs_epi16(_mm256_shuffle_epi32(wl, 0xff), _mm256_load_si256(xv + 3)); \
+            p[4] = _mm256_maddubs_epi16(_mm256_shuffle_epi32(wh, 0x00), _mm256_load_si256(xv + 4)); \
+            p[5] = _mm256_maddubs_epi16(_mm256_shuffle_epi32(wh, 0x55), _mm256_load_si256(xv + 5)); \
+            p[6] = _mm256_maddubs_epi16(_mm256_shuffle_epi32(wh, 0xaa), _mm256_load_si256(xv + 6)); \
+            p[7] = _mm256_maddubs_epi16(_mm256_shuffle_epi32(wh, 0xff), _mm256_load_si256(xv + 7)); \
+            const __m256i h0 = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])); \
+            const __m256i h1 = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])); \
+            const __m256i S = OFF == 8 ? _mm256_madd_epi16(_mm256_add_epi16(h0, h1), one)          \
+                                       : _mm256_add_epi32(_mm256_madd_epi16(h0, one), _mm256_madd_epi16(h1, one)); \
+            const __m256i R = _mm256_sub_epi32(S, _mm256_loadu_si256((const __m256i *)(bsx + 8 * b))); \
+            const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wr[b].d)), _mm256_loadu_ps(dxt + 8 * b)); \
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(R), dd));                    \
+        }                                                                                          \
+        float a[8];                                                                                \
+        _mm256_storeu_ps(a, acc);                                                                  \
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];                                        \
+    }
+/* Both chunks of a 16-token tile at once (chunk 0 full, chunk 1 with NT1 = 5..8 tokens): each
+ * broadcast of the codes serves 16 tokens, so the per-block unpacking is shared by twice the work. */
+#define G4_X4_STEP(W, J)                                                                           \
+    {                                                                                              \
+        const __m256i wb = _mm256_shuffle_epi32(W, (J % 4) * 0x55);                                \
+        const __m256i q0 = _mm256_maddubs_epi16(wb, _mm256_load_si256(x0 + J));                   \
+        const __m256i q1 = _mm256_maddubs_epi16(wb, _mm256_load_si256(x1 + J));                   \
+        if (J < 4) a0 = _mm256_add_epi16(a0, q0), a1 = _mm256_add_epi16(a1, q1);                   \
+        else b0_ = _mm256_add_epi16(b0_, q0), b1 = _mm256_add_epi16(b1, q1);                       \
+    }
+#define G4_Q32_TOKX2(PFX, BT, UVALS, OFF)                                                          \
+    static inline __attribute__((always_inline)) void PFX##_tokx2(const BT *wr, int64_t nb, const uint32_t *xi0, \
+        const uint32_t *xi1, float *y0, float *y1, int64_t ldy, int64_t r, const float *dx0, const float *dx1, \
+        const int32_t *bs0, const int32_t *bs1, int first, const int NT1) {                        \
+        __m256 acc0 = first ? _mm256_setzero_ps() : g4_load_acc(y0, ldy, r, 8);                    \
+        __m256 acc1 = first ? _mm256_setzero_ps() : g4_load_acc(y1, ldy, r, NT1);                  \
+        const __m256i one = _mm256_set1_epi16(1);                                                  \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            const __m256i wu = UVALS(&wr[b]);                                                      \
+            const __m256i wl = _mm256_permute2x128_si256(wu, wu, 0x00), wh = _mm256_permute2x128_si256(wu, wu, 0x11); \
+            const __m256i *x0 = (const __m256i *)(xi0 + 64 * b), *x1 = (const __m256i *)(xi1 + 64 * b); \
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0_ = a0, b1 = a0;                       \
+            G4_X4_STEP(wl, 0) G4_X4_STEP(wl, 1) G4_X4_STEP(wl, 2) G4_X4_STEP(wl, 3)                \
+            G4_X4_STEP(wh, 4) G4_X4_STEP(wh, 5) G4_X4_STEP(wh, 6) G4_X4_STEP(wh, 7)                \
+            const __m256i S0 = OFF == 8 ? _mm256_madd_epi16(_mm256_add_epi16(a0, b0_), one)        \
+                                        : _mm256_add_epi32(_mm256_madd_epi16(a0, one), _mm256_madd_epi16(b0_, one)); \
+            const __m256i S1 = OFF == 8 ? _mm256_madd_epi16(_mm256_add_epi16(a1, b1), one)         \
+                                        : _mm256_add_epi32(_mm256_madd_epi16(a1, one), _mm256_madd_epi16(b1, one)); \
+            const __m256 dw = _mm256_set1_ps(g4_fp16_to_fp32_f16c(wr[b].d));                       \
+            const __m256i R0 = _mm256_sub_epi32(S0, _mm256_loadu_si256((const __m256i *)(bs0 + 8 * b))); \
+            const __m256i R1 = _mm256_sub_epi32(S1, _mm256_loadu_si256((const __m256i *)(bs1 + 8 * b))); \
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_cvtepi32_ps(R0), _mm256_mul_ps(dw, _mm256_loadu_ps(dx0 + 8 * b)))); \
+            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_cvtepi32_ps(R1), _mm256_mul_ps(dw, _mm256_loadu_ps(dx1 + 8 * b)))); \
+        }                                                                                          \
+        float a[8];                                                                                \
+        _mm256_storeu_ps(a, acc0);                                                                 \
+        for (int t = 0; t < 8; t++) y0[t * ldy + r] = a[t];                                        \
+        _mm256_storeu_ps(a, acc1);                                                                 \
+        for (int t = 0; t < NT1; t++) y1[t * ldy + r] = a[t];                                      \
+    }
+G4_Q32_TOKX2(g4_q5_0, block_q5_0, g4_q5_0_uvals, 16)
+G4_Q32_TOKX2(g4_q4_0, block_q4_0, g4_q4_0_uvals, 8)
+#define g4_q8_0_tokx2(wr, nb, xi0, xi1, y0, y1, ...) ((void)(y0), (void)(y1))
+G4_Q32_TOKX(g4_q5_0, block_q5_0, g4_q5_0_uvals, 16)
+G4_Q32_TOKX(g4_q4_0, block_q4_0, g4_q4_0_uvals, 8)
+/* Q8_0 has no TOKX path (its codes are signed: the sign trick needs one more op per product) */
+#define g4_q8_0_tokx(...) ((void)0)
+
 /* driver: token tiles of 16 (chunks of 8; ONE for a single token, TOKB for 2..4, TOK with a
  * per-call dx table for 5..8), rows inside; the accumulators continue across dx-table ranges
  * through y */
-#define G4_Q32_GEMM(NAME, BT, ONE, TOK, TOKB, ROWS8, GUARD, OFF)                                   \
+#define G4_Q32_GEMM(NAME, BT, ONE, TOK, TOKB, TOKX, TOKX2, ROWS8, GUARD, OFF)                      \
     void NAME(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,         \
               int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {                                  \
         const int64_t nb = k / 32;                                                                 \
@@ -705,20 +818,33 @@ static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int6
             return;                                                                                \
         }                                                                                          \
         float dxt[2][8 * G4_CAPB32];                                                               \
-        int32_t bsx[2][OFF ? 8 * G4_CAPB32 : 1];                                                   \
+        int32_t bsx[2][OFF ? 8 * G4_CAPX : 1];                                                     \
+        uint32_t xi[2][OFF ? 64 * G4_CAPX : 1] __attribute__((aligned(32)));                       \
         for (int64_t tt = 0; tt < n_tok; tt += 16) {                                               \
             const int ntt = (int)(n_tok - tt < 16 ? n_tok - tt : 16);                              \
             const int nch = (ntt + 7) / 8;                                                         \
-            const int64_t range = ntt >= 5 ? G4_CAPB32 : nb;                                       \
+            const int64_t range = ntt >= 5 ? (OFF ? G4_CAPX : G4_CAPB32) : nb;                     \
             for (int64_t b0 = 0; b0 < nb; b0 += range) {                                           \
                 const int64_t nbr = nb - b0 < range ? nb - b0 : range;                             \
                 for (int c = 0; c < nch; c++) {                                                    \
                     const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                              \
-                    if (nt >= 5) g4_build_dx32((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, dxt[c], bsx[c], OFF); \
+                    const uint8_t *xc = (const uint8_t *)x + (size_t)(tt + 8 * c) * xrb;           \
+                    if (nt >= 5) g4_build_dx32(xc, xrb, nt, b0, nbr, dxt[c], bsx[c], OFF);         \
+                    if (nt >= 5 && OFF) g4_build_x4(xc, xrb, nt, b0, nbr, xi[c]);                  \
                 }                                                                                  \
                 const int first = b0 == 0;                                                         \
                 for (int64_t r = r0; r < r1; r++) {                                                \
                     const BT *wr = (const BT *)G4_ROWP(w, r, wrb) + b0;                            \
+                    if (OFF && ntt >= 13) { /* two TOKX chunks in one pass over the row */          \
+                        float *y0 = y + tt * ldy, *y1 = y + (tt + 8) * ldy;                        \
+                        switch (ntt - 8) {                                                         \
+                        case 5: TOKX2(wr, nbr, xi[0], xi[1], y0, y1, ldy, r, dxt[0], dxt[1], bsx[0], bsx[1], first, 5); break; \
+                        case 6: TOKX2(wr, nbr, xi[0], xi[1], y0, y1, ldy, r, dxt[0], dxt[1], bsx[0], bsx[1], first, 6); break; \
+                        case 7: TOKX2(wr, nbr, xi[0], xi[1], y0, y1, ldy, r, dxt[0], dxt[1], bsx[0], bsx[1], first, 7); break; \
+                        default: TOKX2(wr, nbr, xi[0], xi[1], y0, y1, ldy, r, dxt[0], dxt[1], bsx[0], bsx[1], first, 8); break; \
+                        }                                                                          \
+                        continue;                                                                  \
+                    }                                                                              \
                     for (int c = 0; c < nch; c++) {                                                \
                         const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                          \
                         const uint8_t *xt = (const uint8_t *)x + (size_t)(tt + 8 * c) * xrb + (size_t)b0 * sizeof(block_q8_0); \
@@ -728,10 +854,10 @@ static void g4_build_dx32(const uint8_t *x, size_t xrb, int nt, int64_t b0, int6
                         case 2: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 2); break;               \
                         case 3: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 3); break;               \
                         case 4: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 4); break;               \
-                        case 5: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 5); break; \
-                        case 6: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 6); break; \
-                        case 7: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 7); break; \
-                        default: TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 8); break; \
+                        case 5: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 5); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 5); break; \
+                        case 6: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 6); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 6); break; \
+                        case 7: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 7); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 7); break; \
+                        default: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 8); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 8); break; \
                         }                                                                          \
                     }                                                                              \
                 }                                                                                  \
@@ -757,9 +883,9 @@ static int g4_q8_0_act_has_m128(const void *x, size_t xrb, int64_t n_tok, int64_
         return;                                                                                    \
     }
 
-G4_Q32_GEMM(g4_gemm_q8_0_q8_0_avx2, block_q8_0, g4_q8_0_one, g4_q8_0_tok, g4_q8_0_tokb, g4_q8_0_rows8, G4_Q8_0_GUARD, 0)
-G4_Q32_GEMM(g4_gemm_q5_0_q8_0_avx2, block_q5_0, g4_q5_0_one, g4_q5_0_tok, g4_q5_0_tokb, g4_q5_0_rows8, , 16)
-G4_Q32_GEMM(g4_gemm_q4_0_q8_0_avx2, block_q4_0, g4_q4_0_one, g4_q4_0_tok, g4_q4_0_tokb, g4_q4_0_rows8, , 8)
+G4_Q32_GEMM(g4_gemm_q8_0_q8_0_avx2, block_q8_0, g4_q8_0_one, g4_q8_0_tok, g4_q8_0_tokb, g4_q8_0_tokx, g4_q8_0_tokx2, g4_q8_0_rows8, G4_Q8_0_GUARD, 0)
+G4_Q32_GEMM(g4_gemm_q5_0_q8_0_avx2, block_q5_0, g4_q5_0_one, g4_q5_0_tok, g4_q5_0_tokb, g4_q5_0_tokx, g4_q5_0_tokx2, g4_q5_0_rows8, , 16)
+G4_Q32_GEMM(g4_gemm_q4_0_q8_0_avx2, block_q4_0, g4_q4_0_one, g4_q4_0_tok, g4_q4_0_tokb, g4_q4_0_tokx, g4_q4_0_tokx2, g4_q4_0_rows8, , 8)
 
 /* ================================ F32 / F16 / BF16 x F32 =================================== */
 static inline __m256 g4_ld_f32(const void *p) { return _mm256_loadu_ps((const float *)p); }
