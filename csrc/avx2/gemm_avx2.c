@@ -795,7 +795,41 @@ static void g4_build_x4(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_
     }
 G4_Q32_TOKX2(g4_q5_0, block_q5_0, g4_q5_0_uvals, 16)
 G4_Q32_TOKX2(g4_q4_0, block_q4_0, g4_q4_0_uvals, 8)
-#define g4_q8_0_tokx2(wr, nb, xi0, xi1, y0, y1, ...) ((void)(y0), (void)(y1))
+/* Q8_0 (signed codes): maddubs(|w|, sign(x, w)) per product as in its other paths (the -128 guard
+ * of the entry covers the exception); a pair sum reaches 2 x 127 x 127, so every product vector is
+ * widened by its own madd. */
+#define G4_X4_STEPS(J)                                                                             \
+    {                                                                                              \
+        const __m256i ws = _mm256_shuffle_epi32(J < 4 ? wl : wh, (J % 4) * 0x55);                  \
+        const __m256i wa = _mm256_shuffle_epi32(J < 4 ? al : ah, (J % 4) * 0x55);                  \
+        S0 = _mm256_add_epi32(S0, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(_mm256_load_si256(x0 + J), ws)), one)); \
+        S1 = _mm256_add_epi32(S1, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(_mm256_load_si256(x1 + J), ws)), one)); \
+    }
+static inline __attribute__((always_inline)) void g4_q8_0_tokx2(const block_q8_0 *wr, int64_t nb, const uint32_t *xi0,
+    const uint32_t *xi1, float *y0, float *y1, int64_t ldy, int64_t r, const float *dx0, const float *dx1,
+    const int32_t *bs0, const int32_t *bs1, int first, const int NT1) {
+    (void)bs0, (void)bs1;
+    __m256 acc0 = first ? _mm256_setzero_ps() : g4_load_acc(y0, ldy, r, 8);
+    __m256 acc1 = first ? _mm256_setzero_ps() : g4_load_acc(y1, ldy, r, NT1);
+    const __m256i one = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)wr[b].qs), aw = _mm256_abs_epi8(wv);
+        const __m256i wl = _mm256_permute2x128_si256(wv, wv, 0x00), wh = _mm256_permute2x128_si256(wv, wv, 0x11);
+        const __m256i al = _mm256_permute2x128_si256(aw, aw, 0x00), ah = _mm256_permute2x128_si256(aw, aw, 0x11);
+        const __m256i *x0 = (const __m256i *)(xi0 + 64 * b), *x1 = (const __m256i *)(xi1 + 64 * b);
+        __m256i S0 = _mm256_setzero_si256(), S1 = S0;
+        G4_X4_STEPS(0) G4_X4_STEPS(1) G4_X4_STEPS(2) G4_X4_STEPS(3)
+        G4_X4_STEPS(4) G4_X4_STEPS(5) G4_X4_STEPS(6) G4_X4_STEPS(7)
+        const __m256 dw = _mm256_set1_ps(g4_fp16_to_fp32_f16c(wr[b].d));
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_cvtepi32_ps(S0), _mm256_mul_ps(dw, _mm256_loadu_ps(dx0 + 8 * b))));
+        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_cvtepi32_ps(S1), _mm256_mul_ps(dw, _mm256_loadu_ps(dx1 + 8 * b))));
+    }
+    float a[8];
+    _mm256_storeu_ps(a, acc0);
+    for (int t = 0; t < 8; t++) y0[t * ldy + r] = a[t];
+    _mm256_storeu_ps(a, acc1);
+    for (int t = 0; t < NT1; t++) y1[t * ldy + r] = a[t];
+}
 G4_Q32_TOKX(g4_q5_0, block_q5_0, g4_q5_0_uvals, 16)
 G4_Q32_TOKX(g4_q4_0, block_q4_0, g4_q4_0_uvals, 8)
 /* Q8_0 has no TOKX path (its codes are signed: the sign trick needs one more op per product) */
@@ -819,23 +853,24 @@ G4_Q32_TOKX(g4_q4_0, block_q4_0, g4_q4_0_uvals, 8)
         }                                                                                          \
         float dxt[2][8 * G4_CAPB32];                                                               \
         int32_t bsx[2][OFF ? 8 * G4_CAPX : 1];                                                     \
-        uint32_t xi[2][OFF ? 64 * G4_CAPX : 1] __attribute__((aligned(32)));                       \
+        uint32_t xi[2][64 * G4_CAPX] __attribute__((aligned(32)));                                 \
         for (int64_t tt = 0; tt < n_tok; tt += 16) {                                               \
             const int ntt = (int)(n_tok - tt < 16 ? n_tok - tt : 16);                              \
             const int nch = (ntt + 7) / 8;                                                         \
-            const int64_t range = ntt >= 5 ? (OFF ? G4_CAPX : G4_CAPB32) : nb;                     \
+            const int x2 = ntt >= 13; /* both chunks by TOKX2, on the re-laid activations */     \
+            const int64_t range = ntt >= 5 ? (OFF || x2 ? G4_CAPX : G4_CAPB32) : nb;               \
             for (int64_t b0 = 0; b0 < nb; b0 += range) {                                           \
                 const int64_t nbr = nb - b0 < range ? nb - b0 : range;                             \
                 for (int c = 0; c < nch; c++) {                                                    \
                     const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                              \
                     const uint8_t *xc = (const uint8_t *)x + (size_t)(tt + 8 * c) * xrb;           \
                     if (nt >= 5) g4_build_dx32(xc, xrb, nt, b0, nbr, dxt[c], bsx[c], OFF);         \
-                    if (nt >= 5 && OFF) g4_build_x4(xc, xrb, nt, b0, nbr, xi[c]);                  \
+                    if (nt >= 5 && (OFF || x2)) g4_build_x4(xc, xrb, nt, b0, nbr, xi[c]);          \
                 }                                                                                  \
                 const int first = b0 == 0;                                                         \
                 for (int64_t r = r0; r < r1; r++) {                                                \
                     const BT *wr = (const BT *)G4_ROWP(w, r, wrb) + b0;                            \
-                    if (OFF && ntt >= 13) { /* two TOKX chunks in one pass over the row */          \
+                    if (x2) { /* two TOKX chunks in one pass over the row */                       \
                         float *y0 = y + tt * ldy, *y1 = y + (tt + 8) * ldy;                        \
                         switch (ntt - 8) {                                                         \
                         case 5: TOKX2(wr, nbr, xi[0], xi[1], y0, y1, ldy, r, dxt[0], dxt[1], bsx[0], bsx[1], first, 5); break; \
