@@ -320,9 +320,104 @@ static inline __m256 g4_load_acc(const float *y, int64_t ldy, int64_t r, const i
 G4_K45_TOK(g4_q4_K_tok, block_q4_K, g4_q4_K_pair)
 G4_K45_TOK(g4_q5_K_tok, block_q5_K, g4_q5_K_pair)
 
+/* Q4_K, 16-token tiles (13..16 tokens, "TOKX2"): lanes are tokens from the start, as the 32-block
+ * TOKX2. The Q8_K activations of each 8-token chunk are re-laid once per call (g4_build_x4k:
+ * xk[512 b + 64 s + 8 j + t] = bytes 32 s + 4 j .. + 3 of token t's block b); per sub-block s each
+ * dword of the codes is broadcast by one in-lane shuffle, one maddubs per chunk gives all 8 tokens'
+ * pair sums, the int16 sums over the 8 dwords stay exact (8 x 2 x 15 x 128 < 2^15) and one madd by
+ * the sub-block scale widens them. M comes from the mt table and the float ops are TOK's, in the
+ * same lanes (tokens), so the bits are TOK's. */
+#define G4_CAPXK 8 /* Q8_K blocks per xk range: 8 x 2 KiB per chunk of 8 tokens */
+static inline void g4_tr8x8_store(const __m256i *v, __m256i *o) { /* o[j] = dword j of v[0..7] */
+    const __m256i a0 = _mm256_unpacklo_epi32(v[0], v[1]), a1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i a2 = _mm256_unpacklo_epi32(v[2], v[3]), a3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    const __m256i a4 = _mm256_unpacklo_epi32(v[4], v[5]), a5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    const __m256i a6 = _mm256_unpacklo_epi32(v[6], v[7]), a7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    const __m256i b0 = _mm256_unpacklo_epi64(a0, a2), b1 = _mm256_unpackhi_epi64(a0, a2);
+    const __m256i b2 = _mm256_unpacklo_epi64(a1, a3), b3 = _mm256_unpackhi_epi64(a1, a3);
+    const __m256i b4 = _mm256_unpacklo_epi64(a4, a6), b5 = _mm256_unpackhi_epi64(a4, a6);
+    const __m256i b6 = _mm256_unpacklo_epi64(a5, a7), b7 = _mm256_unpackhi_epi64(a5, a7);
+    _mm256_store_si256(o + 0, _mm256_permute2x128_si256(b0, b4, 0x20));
+    _mm256_store_si256(o + 1, _mm256_permute2x128_si256(b1, b5, 0x20));
+    _mm256_store_si256(o + 2, _mm256_permute2x128_si256(b2, b6, 0x20));
+    _mm256_store_si256(o + 3, _mm256_permute2x128_si256(b3, b7, 0x20));
+    _mm256_store_si256(o + 4, _mm256_permute2x128_si256(b0, b4, 0x31));
+    _mm256_store_si256(o + 5, _mm256_permute2x128_si256(b1, b5, 0x31));
+    _mm256_store_si256(o + 6, _mm256_permute2x128_si256(b2, b6, 0x31));
+    _mm256_store_si256(o + 7, _mm256_permute2x128_si256(b3, b7, 0x31));
+}
+static void g4_build_x4k(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_t nbr, uint32_t *xk) {
+    for (int64_t b = 0; b < nbr; b++)
+        for (int sb = 0; sb < 8; sb++) {
+            __m256i v[8];
+            for (int t = 0; t < 8; t++)
+                v[t] = t < nt ? _mm256_loadu_si256((const __m256i *)(((const block_q8_K *)(x + (size_t)t * xrb) + b0 + b)->qs + 32 * sb))
+                              : _mm256_setzero_si256();
+            g4_tr8x8_store(v, (__m256i *)(xk + 512 * b + 64 * sb));
+        }
+}
+#define G4_XK_SUB(V, SC, SB)                                                                       \
+    {                                                                                              \
+        const __m256i wl = _mm256_permute2x128_si256(V, V, 0x00), wh = _mm256_permute2x128_si256(V, V, 0x11); \
+        const __m256i *x0 = (const __m256i *)(xk0 + 512 * b + 64 * (SB));                         \
+        const __m256i *x1 = (const __m256i *)(xk1 + 512 * b + 64 * (SB));                         \
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0;                                              \
+        G4_XK_J(0) G4_XK_J(1) G4_XK_J(2) G4_XK_J(3) G4_XK_J(4) G4_XK_J(5) G4_XK_J(6) G4_XK_J(7)    \
+        S0 = _mm256_add_epi32(S0, _mm256_madd_epi16(a0, SC));                                      \
+        S1 = _mm256_add_epi32(S1, _mm256_madd_epi16(a1, SC));                                      \
+    }
+#define G4_XK_J(J)                                                                                 \
+    {                                                                                              \
+        const __m256i wb = _mm256_shuffle_epi32(J < 4 ? wl : wh, (J % 4) * 0x55);                  \
+        a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(wb, _mm256_load_si256(x0 + J)));            \
+        a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(wb, _mm256_load_si256(x1 + J)));            \
+    }
+static inline __attribute__((always_inline)) __m256i g4_k45_mins8(const __m256i *mb, __m128i m16) {
+    return _mm256_add_epi32(
+        _mm256_add_epi32(_mm256_madd_epi16(mb[0], g4_minpair(m16, 0)), _mm256_madd_epi16(mb[1], g4_minpair(m16, 1))),
+        _mm256_add_epi32(_mm256_madd_epi16(mb[2], g4_minpair(m16, 2)), _mm256_madd_epi16(mb[3], g4_minpair(m16, 3))));
+}
+static inline __attribute__((always_inline)) void g4_q4_K_tokx2(const block_q4_K *wr, int64_t nb, const uint32_t *xk0,
+    const uint32_t *xk1, float *y0, float *y1, int64_t ldy, int64_t r, const __m256i *mt0, const __m256i *mt1,
+    const float *dx0, const float *dx1, int first, const int NT1) {
+    __m256 acc0 = first ? _mm256_setzero_ps() : g4_load_acc(y0, ldy, r, 8);
+    __m256 acc1 = first ? _mm256_setzero_ps() : g4_load_acc(y1, ldy, r, NT1);
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q4_K *wb = &wr[b];
+        __m256i mins;
+        __m128i m16;
+        const __m256i scb = g4_k45_scb(wb->scales, &mins, &m16);
+        __m256i S0 = _mm256_setzero_si256(), S1 = S0;
+        for (int g = 0; g < 4; g++) {
+            __m256i lo, hi;
+            g4_q4_K_pair(wb, g, &lo, &hi);
+            G4_XK_SUB(lo, g4_scsel(scb, 2 * g), 2 * g)
+            G4_XK_SUB(hi, g4_scsel(scb, 2 * g + 1), 2 * g + 1)
+        }
+        const __m256 d = _mm256_set1_ps(g4_fp16_to_fp32_f16c(wb->d)), dmin = _mm256_set1_ps(g4_fp16_to_fp32_f16c(wb->dmin));
+        {
+            const __m256 dx = _mm256_loadu_ps(dx0 + 8 * b);
+            const __m256 Sf = _mm256_cvtepi32_ps(S0), Mf = _mm256_cvtepi32_ps(g4_k45_mins8(&mt0[4 * b], m16));
+            acc0 = _mm256_add_ps(acc0, _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(d, dx), Sf), _mm256_mul_ps(_mm256_mul_ps(dmin, dx), Mf)));
+        }
+        {
+            const __m256 dx = _mm256_loadu_ps(dx1 + 8 * b);
+            const __m256 Sf = _mm256_cvtepi32_ps(S1), Mf = _mm256_cvtepi32_ps(g4_k45_mins8(&mt1[4 * b], m16));
+            acc1 = _mm256_add_ps(acc1, _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(d, dx), Sf), _mm256_mul_ps(_mm256_mul_ps(dmin, dx), Mf)));
+        }
+    }
+    float a[8];
+    _mm256_storeu_ps(a, acc0);
+    for (int t = 0; t < 8; t++) y0[t * ldy + r] = a[t];
+    _mm256_storeu_ps(a, acc1);
+    for (int t = 0; t < NT1; t++) y1[t * ldy + r] = a[t];
+}
+
+#define G4_KQ_X2(TOKX2, NT1) TOKX2(wr, nbr, xk[0], xk[1], y0, y1, ldy, r, mt[0], mt[1], dxt[0], dxt[1], first, NT1)
+#define g4_no_tokx2(wr, nb, xk0, xk1, y0, y1, ldy, r, mt0, mt1, dx0, dx1, first, NT1) ((void)(wr), (void)(y0), (void)(y1), (void)(first))
 /* Driver for the K-quants: token tiles of 16 (two chunks of 8), block ranges of G4_CAPB with the
  * per-chunk tables on the stack; a row's accumulators continue across block ranges through y. */
-#define G4_KQ_GEMM(NAME, BT, ONE, TOK, ROWS8, USE_R8, NEEDM)                                               \
+#define G4_KQ_GEMM(NAME, BT, ONE, TOK, TOKX2, X2, ROWS8, USE_R8, NEEDM)                                   \
     void NAME(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,         \
               int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {                                  \
         const int64_t nb = k / QK_K;                                                               \
@@ -337,19 +432,34 @@ G4_K45_TOK(g4_q5_K_tok, block_q5_K, g4_q5_K_pair)
         }                                                                                          \
         __m256i mt[2][NEEDM ? 4 * G4_CAPB : 1];                                                    \
         float dxt[2][8 * G4_CAPB];                                                                 \
+        uint32_t xk[2][X2 ? 512 * G4_CAPXK : 1] __attribute__((aligned(32)));                      \
         for (int64_t tt = 0; tt < n_tok; tt += 16) {                                               \
             const int ntt = (int)(n_tok - tt < 16 ? n_tok - tt : 16);                              \
             const int nch = (ntt + 7) / 8;                                                         \
-            for (int64_t b0 = 0; b0 < nb; b0 += G4_CAPB) {                                         \
-                const int64_t nbr = nb - b0 < G4_CAPB ? nb - b0 : G4_CAPB;                         \
+            const int x2 = X2 && ntt >= 13; /* both chunks by TOKX2 */                             \
+            const int64_t range = x2 ? G4_CAPXK : G4_CAPB;                                         \
+            for (int64_t b0 = 0; b0 < nb; b0 += range) {                                           \
+                const int64_t nbr = nb - b0 < range ? nb - b0 : range;                             \
                 for (int c = 0; c < nch; c++) {                                                    \
                     const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                              \
                     if (nt > 1)                                                                    \
                         g4_build_tabs((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, \
                                       NEEDM ? mt[c] : NULL, dxt[c]);                               \
+                    if (x2) g4_build_x4k((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, xk[c]); \
                 }                                                                                  \
                 for (int64_t r = r0; r < r1; r++) {                                                \
                     const BT *wr = (const BT *)G4_ROWP(w, r, wrb) + b0;                            \
+                    if (x2) {                                                                      \
+                        float *y0 = y + tt * ldy, *y1 = y + (tt + 8) * ldy;                        \
+                        const int first = b0 == 0;                                                 \
+                        switch (ntt - 8) {                                                         \
+                        case 5: G4_KQ_X2(TOKX2, 5); break;                                         \
+                        case 6: G4_KQ_X2(TOKX2, 6); break;                                         \
+                        case 7: G4_KQ_X2(TOKX2, 7); break;                                         \
+                        default: G4_KQ_X2(TOKX2, 8); break;                                        \
+                        }                                                                          \
+                        continue;                                                                  \
+                    }                                                                              \
                     for (int c = 0; c < nch; c++) {                                                \
                         const int nt = ntt - 8 * c < 8 ? ntt - 8 * c : 8;                          \
                         const uint8_t *xt = (const uint8_t *)x + (size_t)(tt + 8 * c) * xrb + (size_t)b0 * sizeof(block_q8_K); \
@@ -371,8 +481,8 @@ G4_K45_TOK(g4_q5_K_tok, block_q5_K, g4_q5_K_pair)
         }                                                                                          \
     }
 
-G4_KQ_GEMM(g4_gemm_q4_K_q8_K_avx2, block_q4_K, g4_q4_K_one, g4_q4_K_tok, g4_q4_K_rows8, 1, 1)
-G4_KQ_GEMM(g4_gemm_q5_K_q8_K_avx2, block_q5_K, g4_q5_K_one, g4_q5_K_tok, g4_q5_K_rows8, 1, 1)
+G4_KQ_GEMM(g4_gemm_q4_K_q8_K_avx2, block_q4_K, g4_q4_K_one, g4_q4_K_tok, g4_q4_K_tokx2, 1, g4_q4_K_rows8, 1, 1)
+G4_KQ_GEMM(g4_gemm_q5_K_q8_K_avx2, block_q5_K, g4_q5_K_one, g4_q5_K_tok, g4_no_tokx2, 0, g4_q5_K_rows8, 1, 1)
 
 /* ===================================== Q6_K x Q8_K ========================================= */
 /* S = sum_j sc_j * sum_l (q - 32) x = sum_j sc_j (sum_l q x) - 32 sum_j sc_j bsum_j (exact int32) */
@@ -492,7 +602,7 @@ static inline __attribute__((always_inline)) void g4_q6_K_tok(const block_q6_K *
     for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];
 }
 
-G4_KQ_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok, g4_q6_K_rows8, 1, 0)
+G4_KQ_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok, g4_no_tokx2, 0, g4_q6_K_rows8, 1, 0)
 
 /* ============================ Q8_0 / Q5_0 / Q4_0 x Q8_0 ==================================== */
 /* Weights of a block as signed int8. Q8_0: maddubs(|w|, sign(x, w)) (exact for x > -128; see
