@@ -813,24 +813,7 @@ static void g4_build_x4(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_
         for (int t = 0; t < 8; t++)
             v[t] = t < nt ? _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)(x + (size_t)t * xrb) + b0 + b)->qs)
                           : _mm256_setzero_si256();
-        /* 8 x 8 transpose of dwords: row t = token, column j = dword */
-        const __m256i a0 = _mm256_unpacklo_epi32(v[0], v[1]), a1 = _mm256_unpackhi_epi32(v[0], v[1]);
-        const __m256i a2 = _mm256_unpacklo_epi32(v[2], v[3]), a3 = _mm256_unpackhi_epi32(v[2], v[3]);
-        const __m256i a4 = _mm256_unpacklo_epi32(v[4], v[5]), a5 = _mm256_unpackhi_epi32(v[4], v[5]);
-        const __m256i a6 = _mm256_unpacklo_epi32(v[6], v[7]), a7 = _mm256_unpackhi_epi32(v[6], v[7]);
-        const __m256i b0_ = _mm256_unpacklo_epi64(a0, a2), b1 = _mm256_unpackhi_epi64(a0, a2);
-        const __m256i b2 = _mm256_unpacklo_epi64(a1, a3), b3 = _mm256_unpackhi_epi64(a1, a3);
-        const __m256i b4 = _mm256_unpacklo_epi64(a4, a6), b5 = _mm256_unpackhi_epi64(a4, a6);
-        const __m256i b6 = _mm256_unpacklo_epi64(a5, a7), b7 = _mm256_unpackhi_epi64(a5, a7);
-        __m256i *o = (__m256i *)(xi + 64 * b);
-        _mm256_store_si256(o + 0, _mm256_permute2x128_si256(b0_, b4, 0x20));
-        _mm256_store_si256(o + 1, _mm256_permute2x128_si256(b1, b5, 0x20));
-        _mm256_store_si256(o + 2, _mm256_permute2x128_si256(b2, b6, 0x20));
-        _mm256_store_si256(o + 3, _mm256_permute2x128_si256(b3, b7, 0x20));
-        _mm256_store_si256(o + 4, _mm256_permute2x128_si256(b0_, b4, 0x31));
-        _mm256_store_si256(o + 5, _mm256_permute2x128_si256(b1, b5, 0x31));
-        _mm256_store_si256(o + 6, _mm256_permute2x128_si256(b2, b6, 0x31));
-        _mm256_store_si256(o + 7, _mm256_permute2x128_si256(b3, b7, 0x31));
+        g4_tr8x8_store(v, (__m256i *)(xi + 64 * b));
     }
 }
 #define G4_Q32_TOKX(PFX, BT, UVALS, OFF)                                                           \
