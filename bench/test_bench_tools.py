@@ -85,6 +85,9 @@ def test_spec_cost_model():
     assert bs.best_k(tab[0.84]) == 3
     md = bs.fmt_table(tab)
     assert "**3.14*" in md and md.splitlines()[0].startswith("| a \\ k | 1 | 2 | 3 |")
+    # a noisy extrapolation can make c(n) < c(1) (seen: c60(4)/c60(1) = 0.98): flagged, not judged
+    assert bs.implausible({1: 1.0, 2: 1.1, 3: 1.3}) == []
+    assert bs.implausible({1: 1.0, 2: 1.1, 4: 0.98, 5: 0.5}) == [4, 5]
 
 
 def test_spec_cli_arguments(capsys):
