@@ -130,13 +130,14 @@ def test_prefill_tiles_equal_single_token(isa, rng, t, n_tok):
         np.testing.assert_array_equal(y[i].view(np.uint32), yi[0].view(np.uint32))
 
 
-@pytest.mark.parametrize("t", ["Q4_0", "Q5_0", "Q8_0"])
+@pytest.mark.parametrize("t", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("k,n_tok", [(21504, 40), (32768, 33), (21504, 31)])
 def test_prefill_wide_rows_equal_single_token(isa, rng, t, k, n_tok):
     """The pool's prefill path at widths where the amx table's wide Q4_0 / Q5_0 entry unpacks its row
     chunk in several cache slices (k = 21504: 16 rows a slice, 45 rows = 2 full slices and a partial
     16-row group), and where it must fall back to its tiled entry (k = 32768: a 16-row group exceeds
-    the cache; n_tok < 32): every row still equals the single-token product bit for bit."""
+    the cache; n_tok < 32); for the avx2 16-token paths the re-laid activations then span many block
+    ranges (rows continue through y). Every row still equals the single-token product bit for bit."""
     n_rows = 45
     w = random_rows(t, n_rows, k, rng)
     x = rng.standard_normal((n_tok, k)).astype(np.float32)

@@ -379,7 +379,8 @@ static inline __attribute__((always_inline)) __m256i g4_k45_mins8(const __m256i 
 }
 static inline __attribute__((always_inline)) void g4_q4_K_tokx2(const block_q4_K *wr, int64_t nb, const uint32_t *xk0,
     const uint32_t *xk1, float *y0, float *y1, int64_t ldy, int64_t r, const __m256i *mt0, const __m256i *mt1,
-    const float *dx0, const float *dx1, int first, const int NT1) {
+    const uint32_t *b60, const uint32_t *b61, const float *dx0, const float *dx1, int first, const int NT1) {
+    (void)b60, (void)b61;
     __m256 acc0 = first ? _mm256_setzero_ps() : g4_load_acc(y0, ldy, r, 8);
     __m256 acc1 = first ? _mm256_setzero_ps() : g4_load_acc(y1, ldy, r, NT1);
     for (int64_t b = 0; b < nb; b++) {
@@ -413,8 +414,18 @@ static inline __attribute__((always_inline)) void g4_q4_K_tokx2(const block_q4_K
     for (int t = 0; t < NT1; t++) y1[t * ldy + r] = a[t];
 }
 
-#define G4_KQ_X2(TOKX2, NT1) TOKX2(wr, nbr, xk[0], xk[1], y0, y1, ldy, r, mt[0], mt[1], dxt[0], dxt[1], first, NT1)
-#define g4_no_tokx2(wr, nb, xk0, xk1, y0, y1, ldy, r, mt0, mt1, dx0, dx1, first, NT1) ((void)(wr), (void)(y0), (void)(y1), (void)(first))
+#define G4_KQ_X2(TOKX2, NT1) TOKX2(wr, nbr, xk[0], xk[1], y0, y1, ldy, r, mt[0], mt[1], b6[0], b6[1], dxt[0], dxt[1], first, NT1)
+#define g4_no_tokx2(wr, nb, xk0, xk1, y0, y1, ldy, r, mt0, mt1, b60, b61, dx0, dx1, first, NT1) ((void)(wr), (void)(y0), (void)(y1), (void)(first))
+/* Q6_K's bias table for TOKX2: b6[64 b + 8 p + t] = token t's (bsum_2p, bsum_2p+1) of block b as an int16 pair */
+static void g4_build_b6(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_t nbr, uint32_t *b6) {
+    for (int64_t b = 0; b < nbr; b++) {
+        __m256i v[8];
+        for (int t = 0; t < 8; t++)
+            v[t] = t < nt ? _mm256_loadu_si256((const __m256i *)((const block_q8_K *)(x + (size_t)t * xrb) + b0 + b)->bsums)
+                          : _mm256_setzero_si256();
+        g4_tr8x8_store(v, (__m256i *)(b6 + 64 * b));
+    }
+}
 /* Driver for the K-quants: token tiles of 16 (two chunks of 8), block ranges of G4_CAPB with the
  * per-chunk tables on the stack; a row's accumulators continue across block ranges through y. */
 #define G4_KQ_GEMM(NAME, BT, ONE, TOK, TOKX2, X2, ROWS8, USE_R8, NEEDM)                                   \
@@ -433,6 +444,7 @@ static inline __attribute__((always_inline)) void g4_q4_K_tokx2(const block_q4_K
         __m256i mt[2][NEEDM ? 4 * G4_CAPB : 1];                                                    \
         float dxt[2][8 * G4_CAPB];                                                                 \
         uint32_t xk[2][X2 ? 512 * G4_CAPXK : 1] __attribute__((aligned(32)));                      \
+        uint32_t b6[2][X2 == 2 ? 64 * G4_CAPXK : 1] __attribute__((aligned(32)));                  \
         for (int64_t tt = 0; tt < n_tok; tt += 16) {                                               \
             const int ntt = (int)(n_tok - tt < 16 ? n_tok - tt : 16);                              \
             const int nch = (ntt + 7) / 8;                                                         \
@@ -446,6 +458,7 @@ static inline __attribute__((always_inline)) void g4_q4_K_tokx2(const block_q4_K
                         g4_build_tabs((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, \
                                       NEEDM ? mt[c] : NULL, dxt[c]);                               \
                     if (x2) g4_build_x4k((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, xk[c]); \
+                    if (x2 && X2 == 2) g4_build_b6((const uint8_t *)x + (size_t)(tt + 8 * c) * xrb, xrb, nt, b0, nbr, b6[c]); \
                 }                                                                                  \
                 for (int64_t r = r0; r < r1; r++) {                                                \
                     const BT *wr = (const BT *)G4_ROWP(w, r, wrb) + b0;                            \
@@ -602,7 +615,56 @@ static inline __attribute__((always_inline)) void g4_q6_K_tok(const block_q6_K *
     for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];
 }
 
-G4_KQ_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok, g4_no_tokx2, 0, g4_q6_K_rows8, 1, 0)
+/* Q6_K, 16-token tiles (TOKX2): token lanes as for Q4_K. Codes 0..63: a pair sum reaches
+ * 2 x 63 x 128, so int16 sums cover 2 dwords (32256 < 2^15); each 16-element sub-block (4 dwords)
+ * is two madds by its scale. The -32 offset: 32 sum_j sc_j bsum_j(t), from the bias table b6
+ * (token lanes of the bsum pairs) by madd with the scale pairs. Same integers as TOK, TOK's float ops. */
+#define G4_Q6X_HALF(W, SC, XC, D0)                                                                 \
+    _mm256_add_epi32(                                                                              \
+        _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0x00), _mm256_load_si256(XC + D0)), \
+                                           _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0x55), _mm256_load_si256(XC + D0 + 1))), SC), \
+        _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0xaa), _mm256_load_si256(XC + D0 + 2)), \
+                                           _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0xff), _mm256_load_si256(XC + D0 + 3))), SC))
+static inline __attribute__((always_inline)) void g4_q6_K_tokx2(const block_q6_K *wr, int64_t nb, const uint32_t *xk0,
+    const uint32_t *xk1, float *y0, float *y1, int64_t ldy, int64_t r, const __m256i *mt0, const __m256i *mt1,
+    const uint32_t *b60, const uint32_t *b61, const float *dx0, const float *dx1, int first, const int NT1) {
+    (void)mt0, (void)mt1;
+    __m256 acc0 = first ? _mm256_setzero_ps() : g4_load_acc(y0, ldy, r, 8);
+    __m256 acc1 = first ? _mm256_setzero_ps() : g4_load_acc(y1, ldy, r, NT1);
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q6_K *wb = &wr[b];
+        __m256i S0 = _mm256_setzero_si256(), S1 = S0;
+        for (int i = 0; i < 8; i++) {
+            const __m256i q = g4_q6_chunk(wb, i);
+            const __m256i wl = _mm256_permute2x128_si256(q, q, 0x00), wh = _mm256_permute2x128_si256(q, q, 0x11);
+            const __m256i sa = _mm256_set1_epi16((short)(int8_t)wb->scales[2 * i]);
+            const __m256i sb = _mm256_set1_epi16((short)(int8_t)wb->scales[2 * i + 1]);
+            const __m256i *x0 = (const __m256i *)(xk0 + 512 * b + 64 * i), *x1 = (const __m256i *)(xk1 + 512 * b + 64 * i);
+            S0 = _mm256_add_epi32(S0, _mm256_add_epi32(G4_Q6X_HALF(wl, sa, x0, 0), G4_Q6X_HALF(wh, sb, x0, 4)));
+            S1 = _mm256_add_epi32(S1, _mm256_add_epi32(G4_Q6X_HALF(wl, sa, x1, 0), G4_Q6X_HALF(wh, sb, x1, 4)));
+        }
+        /* bias: sum_p madd((bsum_2p, bsum_2p+1) of 8 tokens, (sc_2p, sc_2p+1)) */
+        __m256i B0 = _mm256_setzero_si256(), B1 = B0;
+        for (int p = 0; p < 8; p++) {
+            const uint32_t pr = (uint32_t)(uint16_t)(int16_t)(int8_t)wb->scales[2 * p] |
+                                ((uint32_t)(uint16_t)(int16_t)(int8_t)wb->scales[2 * p + 1] << 16);
+            const __m256i sp = _mm256_set1_epi32((int)pr);
+            B0 = _mm256_add_epi32(B0, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(b60 + 64 * b + 8 * p)), sp));
+            B1 = _mm256_add_epi32(B1, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(b61 + 64 * b + 8 * p)), sp));
+        }
+        const __m256 d = _mm256_set1_ps(g4_fp16_to_fp32_f16c(wb->d));
+        const __m256 Sf0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(S0, _mm256_slli_epi32(B0, 5)));
+        const __m256 Sf1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(S1, _mm256_slli_epi32(B1, 5)));
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx0 + 8 * b)), Sf0));
+        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx1 + 8 * b)), Sf1));
+    }
+    float a[8];
+    _mm256_storeu_ps(a, acc0);
+    for (int t = 0; t < 8; t++) y0[t * ldy + r] = a[t];
+    _mm256_storeu_ps(a, acc1);
+    for (int t = 0; t < NT1; t++) y1[t * ldy + r] = a[t];
+}
+G4_KQ_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok, g4_q6_K_tokx2, 2, g4_q6_K_rows8, 1, 0)
 
 /* ============================ Q8_0 / Q5_0 / Q4_0 x Q8_0 ==================================== */
 /* Weights of a block as signed int8. Q8_0: maddubs(|w|, sign(x, w)) (exact for x > -128; see
