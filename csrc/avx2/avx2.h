@@ -7,6 +7,7 @@
 
 #include "../g4_blocks.h"
 #include "../g4_impl.h"
+#include "../g4_x86_256.h"
 
 G4_DECLARE_ISA(avx2)
 

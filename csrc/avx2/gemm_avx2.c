@@ -278,6 +278,12 @@ static inline __m256 g4_load_acc(const float *y, int64_t ldy, int64_t r, const i
                           NT > 5 ? y[5 * ldy + r] : 0.0f, NT > 6 ? y[6 * ldy + r] : 0.0f,
                           NT > 7 ? y[7 * ldy + r] : 0.0f);
 }
+/* the twin of g4_load_acc: lane t of acc to y[t * ldy + r], t < NT */
+static inline void g4_store_acc(float *y, int64_t ldy, int64_t r, __m256 acc, const int NT) {
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];
+}
 
 /* NT tokens (2..8) vectorised across tokens: per block and sub-block pair the quants and scales
  * sit in registers while every token runs over them; per block the NT S vectors are reduced by
@@ -320,9 +326,7 @@ static inline __m256 g4_load_acc(const float *y, int64_t ldy, int64_t r, const i
             const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wb->dmin)), dx);   \
             acc = _mm256_add_ps(acc, _mm256_sub_ps(_mm256_mul_ps(dd, Sf), _mm256_mul_ps(dm, Mf))); \
         }                                                                                          \
-        float a[8];                                                                                \
-        _mm256_storeu_ps(a, acc);                                                                  \
-        for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];                                        \
+        g4_store_acc(y, ldy, r, acc, NT);                                                          \
     }
 G4_K45_TOK(g4_q4_K_tok, block_q4_K, g4_q4_K_pair)
 G4_K45_TOK(g4_q5_K_tok, block_q5_K, g4_q5_K_pair)
@@ -336,22 +340,9 @@ G4_K45_TOK(g4_q5_K_tok, block_q5_K, g4_q5_K_pair)
  * same lanes (tokens), so the bits are TOK's. */
 #define G4_CAPXK 8 /* Q8_K blocks per xk range: 8 x 2 KiB per chunk of 8 tokens */
 static inline void g4_tr8x8_store(const __m256i *v, __m256i *o) { /* o[j] = dword j of v[0..7] */
-    const __m256i a0 = _mm256_unpacklo_epi32(v[0], v[1]), a1 = _mm256_unpackhi_epi32(v[0], v[1]);
-    const __m256i a2 = _mm256_unpacklo_epi32(v[2], v[3]), a3 = _mm256_unpackhi_epi32(v[2], v[3]);
-    const __m256i a4 = _mm256_unpacklo_epi32(v[4], v[5]), a5 = _mm256_unpackhi_epi32(v[4], v[5]);
-    const __m256i a6 = _mm256_unpacklo_epi32(v[6], v[7]), a7 = _mm256_unpackhi_epi32(v[6], v[7]);
-    const __m256i b0 = _mm256_unpacklo_epi64(a0, a2), b1 = _mm256_unpackhi_epi64(a0, a2);
-    const __m256i b2 = _mm256_unpacklo_epi64(a1, a3), b3 = _mm256_unpackhi_epi64(a1, a3);
-    const __m256i b4 = _mm256_unpacklo_epi64(a4, a6), b5 = _mm256_unpackhi_epi64(a4, a6);
-    const __m256i b6 = _mm256_unpacklo_epi64(a5, a7), b7 = _mm256_unpackhi_epi64(a5, a7);
-    _mm256_store_si256(o + 0, _mm256_permute2x128_si256(b0, b4, 0x20));
-    _mm256_store_si256(o + 1, _mm256_permute2x128_si256(b1, b5, 0x20));
-    _mm256_store_si256(o + 2, _mm256_permute2x128_si256(b2, b6, 0x20));
-    _mm256_store_si256(o + 3, _mm256_permute2x128_si256(b3, b7, 0x20));
-    _mm256_store_si256(o + 4, _mm256_permute2x128_si256(b0, b4, 0x31));
-    _mm256_store_si256(o + 5, _mm256_permute2x128_si256(b1, b5, 0x31));
-    _mm256_store_si256(o + 6, _mm256_permute2x128_si256(b2, b6, 0x31));
-    _mm256_store_si256(o + 7, _mm256_permute2x128_si256(b3, b7, 0x31));
+    __m256i c[8];
+    g4_tr8x8_epi32(v, c);
+    for (int j = 0; j < 8; j++) _mm256_store_si256(o + j, c[j]);
 }
 static void g4_build_x4k(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_t nbr, uint32_t *xk) {
     for (int64_t b = 0; b < nbr; b++)
@@ -414,11 +405,8 @@ static inline __attribute__((always_inline)) void g4_q4_K_tokx2(const block_q4_K
             acc1 = _mm256_add_ps(acc1, _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(d, dx), Sf), _mm256_mul_ps(_mm256_mul_ps(dmin, dx), Mf)));
         }
     }
-    float a[8];
-    _mm256_storeu_ps(a, acc0);
-    for (int t = 0; t < 8; t++) y0[t * ldy + r] = a[t];
-    _mm256_storeu_ps(a, acc1);
-    for (int t = 0; t < NT1; t++) y1[t * ldy + r] = a[t];
+    g4_store_acc(y0, ldy, r, acc0, 8);
+    g4_store_acc(y1, ldy, r, acc1, NT1);
 }
 
 #define G4_KQ_X2(TOKX2, NT1) TOKX2(wr, nbr, xk[0], xk[1], y0, y1, ldy, r, mt[0], mt[1], b6[0], b6[1], dxt[0], dxt[1], first, NT1)
@@ -617,9 +605,7 @@ static inline __attribute__((always_inline)) void g4_q6_K_tok(const block_q6_K *
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wb->d)), _mm256_loadu_ps(dxt + 8 * b));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(dd, Sf));
     }
-    float a[8];
-    _mm256_storeu_ps(a, acc);
-    for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];
+    g4_store_acc(y, ldy, r, acc, NT);
 }
 
 /* Q6_K, 16-token tiles (TOKX2): token lanes as for Q4_K. Codes 0..63: a pair sum reaches
@@ -665,11 +651,8 @@ static inline __attribute__((always_inline)) void g4_q6_K_tokx2(const block_q6_K
         acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx0 + 8 * b)), Sf0));
         acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(dx1 + 8 * b)), Sf1));
     }
-    float a[8];
-    _mm256_storeu_ps(a, acc0);
-    for (int t = 0; t < 8; t++) y0[t * ldy + r] = a[t];
-    _mm256_storeu_ps(a, acc1);
-    for (int t = 0; t < NT1; t++) y1[t * ldy + r] = a[t];
+    g4_store_acc(y0, ldy, r, acc0, 8);
+    g4_store_acc(y1, ldy, r, acc1, NT1);
 }
 G4_KQ_GEMM(g4_gemm_q6_K_q8_K_avx2, block_q6_K, g4_q6_K_one, g4_q6_K_tok, g4_q6_K_tokx2, 2, g4_q6_K_rows8, 1, 0)
 
@@ -718,7 +701,7 @@ static inline __m256i g4_q32_dot(__m256i wv, __m256i aw, const int8_t *xq, const
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-#define G4_Q32_KERNELS(PFX, BT, VALS, SMALLW, UVALS, OFF)                                         \
+#define G4_Q32_KERNELS(PFX, BT, VALS, SMALLW)                                                      \
     static float PFX##_one(const BT *wr, const block_q8_0 *xb, int64_t nb, float acc) {            \
         for (int64_t bg = 0; bg < nb; bg += 8) {                                                   \
             const int nbg = (int)(nb - bg < 8 ? nb - bg : 8);                                      \
@@ -761,32 +744,20 @@ static inline __m256i g4_q32_dot(__m256i wv, __m256i aw, const int8_t *xq, const
         }                                                                                          \
         _mm256_storeu_ps(yr, acc);                                                                 \
     }                                                                                              \
-    /* 5..8 tokens, token lanes; OFF != 0 (Q4_0 / Q5_0): products of the unsigned codes, minus  \
-     * OFF x bsum from the per-call table bsx (exactly the signed sum: no abs / sign per token) */ \
+    /* 5..8 tokens of Q8_0, token lanes after one transpose per block (Q4_0 / Q5_0 take TOKX) */ \
     static inline __attribute__((always_inline)) void PFX##_tok(const BT *wr, int64_t nb, const uint8_t *x, \
-        size_t xrb, float *y, int64_t ldy, int64_t r, const float *dxt, const int32_t *bsx, int first, \
-        const int NT) {                                                                            \
+        size_t xrb, float *y, int64_t ldy, int64_t r, const float *dxt, int first, const int NT) { \
         const block_q8_0 *xt[8];                                                                   \
         for (int t = 0; t < NT; t++) xt[t] = (const block_q8_0 *)(x + (size_t)t * xrb);            \
         __m256 acc = first ? _mm256_setzero_ps() : g4_load_acc(y, ldy, r, NT);                     \
         for (int64_t b = 0; b < nb; b++) {                                                         \
-            __m256i S[8], R;                                                                       \
-            if (OFF) {                                                                             \
-                const __m256i wu = UVALS(&wr[b]), one = _mm256_set1_epi16(1);                      \
-                for (int t = 0; t < NT; t++)                                                       \
-                    S[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, _mm256_loadu_si256((const __m256i *)xt[t][b].qs)), one); \
-                R = _mm256_sub_epi32(g4_hsum_nt(S, NT), _mm256_loadu_si256((const __m256i *)(bsx + 8 * b))); \
-            } else {                                                                               \
-                const __m256i wv = VALS(&wr[b]), aw = _mm256_abs_epi8(wv);                         \
-                for (int t = 0; t < NT; t++) S[t] = g4_q32_dot(wv, aw, xt[t][b].qs, SMALLW);       \
-                R = g4_hsum_nt(S, NT);                                                             \
-            }                                                                                      \
+            const __m256i wv = VALS(&wr[b]), aw = _mm256_abs_epi8(wv);                             \
+            __m256i S[8];                                                                          \
+            for (int t = 0; t < NT; t++) S[t] = g4_q32_dot(wv, aw, xt[t][b].qs, SMALLW);           \
             const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wr[b].d)), _mm256_loadu_ps(dxt + 8 * b)); \
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(R), dd));                    \
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(g4_hsum_nt(S, NT)), dd));     \
         }                                                                                          \
-        float a[8];                                                                                \
-        _mm256_storeu_ps(a, acc);                                                                  \
-        for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];                                        \
+        g4_store_acc(y, ldy, r, acc, NT);                                                          \
     }
 
 /* 2..4 tokens: blocks x tokens share one transpose (4 blocks x 2 tokens or 2 blocks x 4 tokens),
@@ -845,9 +816,9 @@ G4_Q32_TOKB(g4_q8_0, block_q8_0, g4_q8_0_vals, 0)
 G4_Q32_TOKB(g4_q5_0, block_q5_0, g4_q5_0_vals, 1)
 G4_Q32_TOKB(g4_q4_0, block_q4_0, g4_q4_0_vals, 1)
 
-G4_Q32_KERNELS(g4_q8_0, block_q8_0, g4_q8_0_vals, 0, g4_q8_0_vals, 0)
-G4_Q32_KERNELS(g4_q5_0, block_q5_0, g4_q5_0_vals, 1, g4_q5_0_uvals, 16)
-G4_Q32_KERNELS(g4_q4_0, block_q4_0, g4_q4_0_vals, 1, g4_q4_0_uvals, 8)
+G4_Q32_KERNELS(g4_q8_0, block_q8_0, g4_q8_0_vals, 0)
+G4_Q32_KERNELS(g4_q5_0, block_q5_0, g4_q5_0_vals, 1)
+G4_Q32_KERNELS(g4_q4_0, block_q4_0, g4_q4_0_vals, 1)
 
 /* generic driver: rows outer, tokens in chunks of 8 (ONE for a single token) */
 #define G4_CAPB32 512 /* 32-blocks per dx-table range (k <= 16384 in one range) */
@@ -911,9 +882,7 @@ static void g4_build_x4(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_
             const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(g4_fp16_to_fp32_f16c(wr[b].d)), _mm256_loadu_ps(dxt + 8 * b)); \
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(R), dd));                    \
         }                                                                                          \
-        float a[8];                                                                                \
-        _mm256_storeu_ps(a, acc);                                                                  \
-        for (int t = 0; t < NT; t++) y[t * ldy + r] = a[t];                                        \
+        g4_store_acc(y, ldy, r, acc, NT);                                                          \
     }
 /* Both chunks of a 16-token tile at once (chunk 0 full, chunk 1 with NT1 = 5..8 tokens): each
  * broadcast of the codes serves 16 tokens, so the per-block unpacking is shared by twice the work. */
@@ -949,11 +918,8 @@ static void g4_build_x4(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_
             acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_cvtepi32_ps(R0), _mm256_mul_ps(dw, _mm256_loadu_ps(dx0 + 8 * b)))); \
             acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_cvtepi32_ps(R1), _mm256_mul_ps(dw, _mm256_loadu_ps(dx1 + 8 * b)))); \
         }                                                                                          \
-        float a[8];                                                                                \
-        _mm256_storeu_ps(a, acc0);                                                                 \
-        for (int t = 0; t < 8; t++) y0[t * ldy + r] = a[t];                                        \
-        _mm256_storeu_ps(a, acc1);                                                                 \
-        for (int t = 0; t < NT1; t++) y1[t * ldy + r] = a[t];                                      \
+        g4_store_acc(y0, ldy, r, acc0, 8);                                                         \
+        g4_store_acc(y1, ldy, r, acc1, NT1);                                                       \
     }
 G4_Q32_TOKX2(g4_q5_0, block_q5_0, g4_q5_0_uvals, 16)
 G4_Q32_TOKX2(g4_q4_0, block_q4_0, g4_q4_0_uvals, 8)
@@ -986,11 +952,8 @@ static inline __attribute__((always_inline)) void g4_q8_0_tokx2(const block_q8_0
         acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_cvtepi32_ps(S0), _mm256_mul_ps(dw, _mm256_loadu_ps(dx0 + 8 * b))));
         acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_cvtepi32_ps(S1), _mm256_mul_ps(dw, _mm256_loadu_ps(dx1 + 8 * b))));
     }
-    float a[8];
-    _mm256_storeu_ps(a, acc0);
-    for (int t = 0; t < 8; t++) y0[t * ldy + r] = a[t];
-    _mm256_storeu_ps(a, acc1);
-    for (int t = 0; t < NT1; t++) y1[t * ldy + r] = a[t];
+    g4_store_acc(y0, ldy, r, acc0, 8);
+    g4_store_acc(y1, ldy, r, acc1, NT1);
 }
 G4_Q32_TOKX(g4_q5_0, block_q5_0, g4_q5_0_uvals, 16)
 G4_Q32_TOKX(g4_q4_0, block_q4_0, g4_q4_0_uvals, 8)
@@ -1051,10 +1014,10 @@ G4_Q32_TOKX(g4_q4_0, block_q4_0, g4_q4_0_uvals, 8)
                         case 2: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 2); break;               \
                         case 3: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 3); break;               \
                         case 4: TOKB(wr, nbr, xt, xrb, yt, ldy, r, first, 4); break;               \
-                        case 5: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 5); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 5); break; \
-                        case 6: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 6); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 6); break; \
-                        case 7: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 7); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 7); break; \
-                        default: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 8); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], bsx[c], first, 8); break; \
+                        case 5: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 5); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 5); break; \
+                        case 6: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 6); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 6); break; \
+                        case 7: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 7); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 7); break; \
+                        default: if (OFF) TOKX(wr, nbr, xi[c], yt, ldy, r, dxt[c], bsx[c], first, 8); else TOK(wr, nbr, xt, xrb, yt, ldy, r, dxt[c], first, 8); break; \
                         }                                                                          \
                     }                                                                              \
                 }                                                                                  \

@@ -15,6 +15,7 @@
  * alternating calls): k = 640 in L2 0.62-0.77x the time (Q8_0 / Q5_0 / Q4_0), from memory (64 MiB)
  * 0.76-0.94x; Q8_0 k = 5376 from memory 0.91-0.99x. */
 #include "avx512.h"
+#include "../g4_x86_256.h"
 
 #ifndef G4X_QTG
 #define G4X_QTG 1
@@ -243,20 +244,8 @@ static void q8t_prepare(const uint8_t *x, size_t xrb, int n, const int L, const 
             for (int t = 0; t < 8; t++)
                 r[t] = t0 + t < n ? _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)(x + (size_t)(t0 + t) * xrb) + c0 + b)->qs)
                                   : _mm256_setzero_si256();
-            /* r[t] dword j -> c[j] lane t */
-            const __m256i a0 = _mm256_unpacklo_epi32(r[0], r[1]), a1 = _mm256_unpackhi_epi32(r[0], r[1]);
-            const __m256i a2 = _mm256_unpacklo_epi32(r[2], r[3]), a3 = _mm256_unpackhi_epi32(r[2], r[3]);
-            const __m256i a4 = _mm256_unpacklo_epi32(r[4], r[5]), a5 = _mm256_unpackhi_epi32(r[4], r[5]);
-            const __m256i a6 = _mm256_unpacklo_epi32(r[6], r[7]), a7 = _mm256_unpackhi_epi32(r[6], r[7]);
-            const __m256i b0 = _mm256_unpacklo_epi64(a0, a2), b1 = _mm256_unpackhi_epi64(a0, a2);
-            const __m256i b2 = _mm256_unpacklo_epi64(a1, a3), b3 = _mm256_unpackhi_epi64(a1, a3);
-            const __m256i b4 = _mm256_unpacklo_epi64(a4, a6), b5 = _mm256_unpackhi_epi64(a4, a6);
-            const __m256i b6 = _mm256_unpacklo_epi64(a5, a7), b7 = _mm256_unpackhi_epi64(a5, a7);
-            __m256i c[8];
-            c[0] = _mm256_permute2x128_si256(b0, b4, 0x20); c[4] = _mm256_permute2x128_si256(b0, b4, 0x31);
-            c[1] = _mm256_permute2x128_si256(b1, b5, 0x20); c[5] = _mm256_permute2x128_si256(b1, b5, 0x31);
-            c[2] = _mm256_permute2x128_si256(b2, b6, 0x20); c[6] = _mm256_permute2x128_si256(b2, b6, 0x31);
-            c[3] = _mm256_permute2x128_si256(b3, b7, 0x20); c[7] = _mm256_permute2x128_si256(b3, b7, 0x31);
+            __m256i c[8]; /* r[t] dword j -> c[j] lane t */
+            g4_tr8x8_epi32(r, c);
             __m256i sum = _mm256_setzero_si256();
             for (int j = 0; j < 8; j++) {
                 /* BIAS: unsigned x + 128 (lanes past n: 128, i.e. x = 0, which gives 128 * sum(w)) */
