@@ -216,10 +216,12 @@ def addr_of(a: np.ndarray) -> int:
 
 
 def _on(st: np.ndarray, nodes) -> np.ndarray:
-    """st (node ids, >= 0) in nodes, elementwise (a lookup table: np.isin is slow on many small calls)."""
+    """st (move_pages statuses) in nodes, elementwise (a lookup table: np.isin is slow on many small
+    calls). A negative status (-ENOENT: page not present, -EFAULT, ...) is on no node: False, never
+    an index (it used to wrap round the table, or raise IndexError when the table has one entry)."""
     lut = np.zeros(max(max(nodes), int(st.max(initial=0))) + 1, bool)
     lut[list(nodes)] = True
-    return lut[st]
+    return (st >= 0) & lut[np.maximum(st, 0)]
 
 
 def targets(n_pages: int, mode: int, nodes) -> np.ndarray:

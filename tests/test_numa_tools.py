@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,3 +291,13 @@ def test_overhead_tool_on_the_forced_path(gguf_path):
 def test_overhead_tool_refuses_unknown_modes():
     r = _tool("overhead", "--modes", "isolate,spread")
     assert r.returncode == 2 and r.stderr.strip() == "error: unknown mode/path spread"
+
+
+def test_page_status_lookup_treats_negative_statuses_as_on_no_node():
+    """move_pages reports a page that is not present as -ENOENT (-2); the lookup must say 'not on
+    these nodes' for it, not index the table with it (it raised IndexError with one node, seen in
+    place_weights on a 1-node host, and wrapped round silently with more)."""
+    st = np.array([0, -2, 1, -14, 3, 0], np.int32)
+    assert P._on(st, (0,)).tolist() == [True, False, False, False, False, True]
+    assert P._on(st, (1, 3)).tolist() == [False, False, True, False, True, False]
+    assert P._on(np.array([-2, -2], np.int32), (0,)).tolist() == [False, False]
