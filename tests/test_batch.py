@@ -113,8 +113,19 @@ def test_cpu_groups():
 
 
 def _cli(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "gemma4cpu.batch", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    # -X faulthandler: a run that hangs is sent SIGABRT by _communicate and prints every thread's stack
+    return subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "gemma4cpu.batch", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _communicate(p, timeout):
+    """p.communicate(timeout); on a hang, the stacks of the hung process in the failure message."""
+    try:
+        return p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)
+        _, err = p.communicate(timeout=30)
+        pytest.fail(f"the batch CLI did not exit within {timeout} s; its threads:\n{err[-6000:]}")
 
 
 def _start_until_first_record(tmp_path):
@@ -145,7 +156,7 @@ def _rerun_and_check(eng, args, out, n_before):
     and the output ends with exactly one record per line, in order, none twice, no .pending left,
     each equal to a single generate call. Returns the records."""
     r = _cli(*args)
-    _, err = r.communicate(timeout=300)
+    _, err = _communicate(r, 300)
     assert r.returncode == 0, err
     assert f"{n_before} skipped" in err
     recs = _records(out)
@@ -176,7 +187,7 @@ def test_sigterm_then_rerun_gives_one_line_per_input(eng, tmp_path):
     one record per line, in order, none twice, each equal to a single generate call."""
     args, out, p = _start_until_first_record(tmp_path)
     os.kill(p.pid, signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
+    _, err = _communicate(p, 60)
     assert p.returncode == 130 and "interrupted: rerun the same command" in err, err[-2000:]
     pending = str(out) + ".pending"
     for f in (str(out), pending):

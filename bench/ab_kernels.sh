@@ -1,0 +1,66 @@
+#!/bin/bash
+# A/B timing of one ISA's gemm kernels: the working tree's csrc/ against a git revision's, on one
+# pinned CPU, the two binaries alternated ROUNDS times and the best time of each kept (a shared,
+# noisy host moves both alike; a ratio of minima is what this measures). Also checks that both
+# builds give the same output bytes (hash), which every kernel change here must keep.
+#
+#   bench/ab_kernels.sh [-r REV] [-i ISA] [-c CPU] [-n ROUNDS] TYPE K ROWS NTOK...
+#   bench/ab_kernels.sh q4_K 5376 128 1 4 16            # L2-resident rows, HEAD vs working tree
+#   bench/ab_kernels.sh -r HEAD~3 -i avx2 q6_K 5376 128 1
+#
+# TYPE: q4_0 q5_0 q8_0 q4_K q5_K q6_K. ISA: avx2 (default) or avx512. The libraries are built
+# with the compile flags of setup.py (BASE + -O3 + the ISA's flags; kept in step by hand).
+set -euo pipefail
+REV=HEAD ISA=avx2 CPU=0 ROUNDS=5 REPS=${REPS:-1000}
+while getopts "r:i:c:n:h" o; do
+  case $o in
+    r) REV=$OPTARG ;; i) ISA=$OPTARG ;; c) CPU=$OPTARG ;; n) ROUNDS=$OPTARG ;;
+    *) sed -n '2,12p' "$0"; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+if [ $# -lt 4 ]; then sed -n '2,12p' "$0"; exit 2; fi
+TYPE=$1 K=$2 ROWS=$3; shift 3
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BASE="-std=c11 -ffp-contract=off -fPIC -fno-strict-aliasing -O3"
+case $ISA in
+  avx2) FLAGS="-mavx2 -mfma -mf16c -mbmi2" ;;
+  avx512) FLAGS="-mavx2 -mfma -mf16c -mbmi2 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni" ;;
+  *) echo "ISA must be avx2 or avx512" >&2; exit 2 ;;
+esac
+if [ "$ISA" = avx512 ] && ! grep -q avx512vnni /proc/cpuinfo; then
+  echo "this CPU cannot run the avx512 table (no AVX-512 VNNI in /proc/cpuinfo)" >&2; exit 2
+fi
+CC=${CC:-cc}
+WORK=$(mktemp -d /tmp/g4ab.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+build() { # build SRC_ROOT OUT: the ISA's and the reference products and quantisers, linked with kernel_micro.c
+  local src=$1 out=$2 objs=()
+  for c in "$src"/csrc/ref/gemm*.c "$src"/csrc/ref/quant*.c; do
+    $CC $BASE -O2 -I"$src/csrc" -c "$c" -o "$out.ref.$(basename "$c" .c).o"; objs+=("$out.ref.$(basename "$c" .c).o")
+  done
+  for c in "$src"/csrc/"$ISA"/gemm*.c "$src"/csrc/"$ISA"/quant*.c; do
+    $CC $BASE $FLAGS -I"$src/csrc" -c "$c" -o "$out.isa.$(basename "$c" .c).o"; objs+=("$out.isa.$(basename "$c" .c).o")
+  done
+  $CC -O2 -DG4_ISA="$ISA" "$ROOT/bench/kernel_micro.c" "${objs[@]}" -lm -o "$out"
+}
+
+mkdir -p "$WORK/old"
+git -C "$ROOT" archive "$REV" csrc | tar -x -C "$WORK/old"
+build "$WORK/old" "$WORK/km_old"
+build "$ROOT" "$WORK/km_new"
+echo "A/B $ISA: old = $REV ($(git -C "$ROOT" rev-parse --short "$REV")), new = working tree; CPU $CPU;" \
+     "$ROUNDS alternations x $REPS calls, minimum kept; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+for NT in "$@"; do
+  o=1e30 n=1e30 ho="" hn=""
+  for _ in $(seq "$ROUNDS"); do
+    a=$(taskset -c "$CPU" "$WORK/km_old" "$TYPE" "$K" "$ROWS" "$NT" "$REPS")
+    b=$(taskset -c "$CPU" "$WORK/km_new" "$TYPE" "$K" "$ROWS" "$NT" "$REPS")
+    o=$(python3 -c "print(min($o, $(sed 's/.* ms, \([0-9.]*\) ns.*/\1/' <<<"$a")))")
+    n=$(python3 -c "print(min($n, $(sed 's/.* ms, \([0-9.]*\) ns.*/\1/' <<<"$b")))")
+    ho=${a##*hash } hn=${b##*hash }
+  done
+  same=$([ "$ho" = "$hn" ] && echo "same output" || echo "OUTPUT DIFFERS ($ho vs $hn)")
+  python3 -c "print(f'$TYPE k=$K rows=$ROWS ntok=$NT: old {$o:.4f} new {$n:.4f} ns per row-token-32block, new/old {$n / $o:.3f}; $same')"
+done
