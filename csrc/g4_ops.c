@@ -1,5 +1,7 @@
 /* g4_ops.c: element-wise ops over the pool, in portable C (compiled with the extension's baseline
- * flags: no FMA, so every build and every CPU gives the same bits).
+ * flags: no FMA, so every build and every CPU gives the same bits), with wider versions of the
+ * same ops in the same order (AVX-512 GELU, AVX2 row norms) under target attributes, chosen at run
+ * time by the CPU's features.
  *
  * GELU (tanh form) is evaluated as 0.5 x (1 + tanh z) = x / (1 + exp(-2z)), z = c (x + a x^3), with
  * exp by range reduction and the Cephes polynomial (~1-2 ulp): no libm call per element (glibc
@@ -145,12 +147,19 @@ void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int
 }
 
 /* ---- row norms (see g4_ops.h; the reference for every path: Cython wrappers and the layer loop) ---- */
-static inline float g4_row_scale(const float *x, int64_t d, double eps) {
-    /* 8 interleaved partial sums (element j into sum j % 8), added pairwise at the end: a fixed order,
-     * so every path and thread count gives the same bits, without one 4-cycle dependent add per
-     * element (a single chain cost ~7 % of a 270M prefill) */
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0; /* locals: kept in registers */
-    int64_t j = 0;
+/* 1 (default): the row norms run 8 lanes at a time where the CPU has AVX2 (the same float / double
+ * ops in the same order per element: the same bits as the portable code); 0: portable code only */
+int g4_norm_wide_ok = 1;
+
+static inline float g4_scale_of(const double t[8], int64_t d, double eps) {
+    const double acc = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+    return (float)(1.0 / sqrt(acc / (double)d + eps));
+}
+/* 8 interleaved partial sums (element j into sum j % 8), added pairwise at the end: a fixed order,
+ * so every path and thread count gives the same bits, without one 4-cycle dependent add per
+ * element (a single chain cost ~7 % of a 270M prefill). From element j on (the vector code's tail). */
+static inline float g4_row_scale_from(const float *x, int64_t d, double eps, double t[8], int64_t j) {
+    double s0 = t[0], s1 = t[1], s2 = t[2], s3 = t[3], s4 = t[4], s5 = t[5], s6 = t[6], s7 = t[7]; /* registers */
     for (; j + 8 <= d; j += 8) {
         const float *p = x + j;
         s0 = s0 + (double)p[0] * (double)p[0];
@@ -162,49 +171,134 @@ static inline float g4_row_scale(const float *x, int64_t d, double eps) {
         s6 = s6 + (double)p[6] * (double)p[6];
         s7 = s7 + (double)p[7] * (double)p[7];
     }
-    double t[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    t[0] = s0, t[1] = s1, t[2] = s2, t[3] = s3, t[4] = s4, t[5] = s5, t[6] = s6, t[7] = s7;
     for (; j < d; j++) t[j & 7] = t[j & 7] + (double)x[j] * (double)x[j];
-    const double acc = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-    return (float)(1.0 / sqrt(acc / (double)d + eps));
+    return g4_scale_of(t, d, eps);
+}
+static inline float g4_row_scale_c(const float *x, int64_t d, double eps) {
+    double t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    return g4_row_scale_from(x, d, eps, t, 0);
+}
+/* o = (x * s) * w (w NULL: x * s); o may be x. From element j on. */
+static inline void g4_scale_row_from(const float *x, float s, const float *w, float *o, int64_t d, int64_t j) {
+    if (w)
+        for (; j < d; j++) o[j] = (x[j] * s) * w[j];
+    else
+        for (; j < d; j++) o[j] = x[j] * s;
+}
+/* x = x + (y * s) * w (w NULL: x + y * s). From element j on. */
+static inline void g4_add_scaled_from(float *x, const float *y, float s, const float *w, int64_t d, int64_t j) {
+    if (w)
+        for (; j < d; j++) x[j] = x[j] + (y[j] * s) * w[j];
+    else
+        for (; j < d; j++) x[j] = x[j] + y[j] * s;
+}
+/* NEOX rotation of one normed row in place: o[j] = a c - b s, o[j + half] = b c + a s. From j on. */
+static inline void g4_rope_row_from(float *o, const float *c, const float *sn, int64_t half, int64_t j) {
+    for (; j < half; j++) {
+        const float a = o[j], b = o[j + half];
+        o[j] = a * c[j] - b * sn[j];
+        o[j + half] = b * c[j] + a * sn[j];
+    }
 }
 
-static inline void g4_scale_row(const float *x, float s, const float *w, float *o, int64_t d) {
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* AVX (no FMA in the target: nothing can be contracted): lane k of the two double vectors is
+ * partial sum k, each float product and sum the portable code's own */
+#define G4_NORM256 __attribute__((target("avx2"), optimize("fp-contract=off")))
+G4_NORM256 static float g4_row_scale_256(const float *x, int64_t d, double eps) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    int64_t j = 0;
+    for (; j + 8 <= d; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        a0 = _mm256_add_pd(a0, _mm256_mul_pd(lo, lo));
+        a1 = _mm256_add_pd(a1, _mm256_mul_pd(hi, hi));
+    }
+    double t[8];
+    _mm256_storeu_pd(t, a0);
+    _mm256_storeu_pd(t + 4, a1);
+    return g4_row_scale_from(x, d, eps, t, j);
+}
+G4_NORM256 static void g4_scale_row_256(const float *x, float s, const float *w, float *o, int64_t d) {
+    const __m256 sv = _mm256_set1_ps(s);
+    int64_t j = 0;
     if (w)
-        for (int64_t j = 0; j < d; j++) o[j] = (x[j] * s) * w[j];
+        for (; j + 8 <= d; j += 8)
+            _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), sv), _mm256_loadu_ps(w + j)));
     else
-        for (int64_t j = 0; j < d; j++) o[j] = x[j] * s;
+        for (; j + 8 <= d; j += 8) _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), sv));
+    g4_scale_row_from(x, s, w, o, d, j);
+}
+G4_NORM256 static void g4_add_scaled_256(float *x, const float *y, float s, const float *w, int64_t d) {
+    const __m256 sv = _mm256_set1_ps(s);
+    int64_t j = 0;
+    if (w)
+        for (; j + 8 <= d; j += 8)
+            _mm256_storeu_ps(x + j, _mm256_add_ps(_mm256_loadu_ps(x + j),
+                                                  _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(y + j), sv), _mm256_loadu_ps(w + j))));
+    else
+        for (; j + 8 <= d; j += 8)
+            _mm256_storeu_ps(x + j, _mm256_add_ps(_mm256_loadu_ps(x + j), _mm256_mul_ps(_mm256_loadu_ps(y + j), sv)));
+    g4_add_scaled_from(x, y, s, w, d, j);
+}
+G4_NORM256 static void g4_rope_row_256(float *o, const float *c, const float *sn, int64_t half) {
+    int64_t j = 0;
+    for (; j + 8 <= half; j += 8) {
+        const __m256 a = _mm256_loadu_ps(o + j), b = _mm256_loadu_ps(o + j + half);
+        const __m256 cv = _mm256_loadu_ps(c + j), sv = _mm256_loadu_ps(sn + j);
+        _mm256_storeu_ps(o + j, _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(b, sv)));
+        _mm256_storeu_ps(o + j + half, _mm256_add_ps(_mm256_mul_ps(b, cv), _mm256_mul_ps(a, sv)));
+    }
+    g4_rope_row_from(o, c, sn, half, j);
+}
+static inline int g4_norm_wide(void) { return g4_norm_wide_ok && (g4_cpu_features() & G4_F_AVX2); }
+#else
+static inline int g4_norm_wide(void) { return 0; }
+#define g4_row_scale_256(x, d, eps) g4_row_scale_c(x, d, eps)
+#define g4_scale_row_256(x, s, w, o, d) g4_scale_row_from(x, s, w, o, d, 0)
+#define g4_add_scaled_256(x, y, s, w, d) g4_add_scaled_from(x, y, s, w, d, 0)
+#define g4_rope_row_256(o, c, sn, half) g4_rope_row_from(o, c, sn, half, 0)
+#endif
+
+static inline float g4_row_scale(const float *x, int64_t d, double eps, int wide) {
+    return wide ? g4_row_scale_256(x, d, eps) : g4_row_scale_c(x, d, eps);
+}
+static inline void g4_scale_row(const float *x, float s, const float *w, float *o, int64_t d, int wide) {
+    if (wide) g4_scale_row_256(x, s, w, o, d);
+    else g4_scale_row_from(x, s, w, o, d, 0);
 }
 
 void g4_rmsnorm_rows(const float *x, const float *w, double eps, float *out, int64_t n, int64_t d) {
-    for (int64_t i = 0; i < n; i++) g4_scale_row(x + i * d, g4_row_scale(x + i * d, d, eps), w, out + i * d, d);
+    const int wide = g4_norm_wide();
+    for (int64_t i = 0; i < n; i++)
+        g4_scale_row(x + i * d, g4_row_scale(x + i * d, d, eps, wide), w, out + i * d, d, wide);
 }
 
 void g4_norm_rope(const float *x, const float *w, double eps, const float *cos, const float *sin, int64_t heads,
                   int64_t rows, int64_t d, float *out) {
     const int64_t half = d / 2;
+    const int wide = g4_norm_wide();
     for (int64_t i = 0; i < rows; i++) {
         float *o = out + i * d;
-        g4_scale_row(x + i * d, g4_row_scale(x + i * d, d, eps), w, o, d);
+        g4_scale_row(x + i * d, g4_row_scale(x + i * d, d, eps, wide), w, o, d, wide);
         const float *c = cos + (i / heads) * half, *sn = sin + (i / heads) * half;
-        for (int64_t j = 0; j < half; j++) {
-            const float a = o[j], b = o[j + half];
-            o[j] = a * c[j] - b * sn[j];
-            o[j + half] = b * c[j] + a * sn[j];
-        }
+        if (wide) g4_rope_row_256(o, c, sn, half);
+        else g4_rope_row_from(o, c, sn, half, 0);
     }
 }
 
 void g4_add_rmsnorm(float *x, const float *y, const float *w, double eps, const float *w2, float *out2, int64_t n,
                     int64_t d) {
+    const int wide = g4_norm_wide();
     for (int64_t i = 0; i < n; i++) {
         float *xr = x + i * d;
         const float *yr = y + i * d;
-        const float s = g4_row_scale(yr, d, eps);
-        if (w)
-            for (int64_t j = 0; j < d; j++) xr[j] = xr[j] + (yr[j] * s) * w[j];
-        else
-            for (int64_t j = 0; j < d; j++) xr[j] = xr[j] + yr[j] * s;
-        if (out2) g4_scale_row(xr, g4_row_scale(xr, d, eps), w2, out2 + i * d, d);
+        const float s = g4_row_scale(yr, d, eps, wide);
+        if (wide) g4_add_scaled_256(xr, yr, s, w, d);
+        else g4_add_scaled_from(xr, yr, s, w, d, 0);
+        if (out2) g4_scale_row(xr, g4_row_scale(xr, d, eps, wide), w2, out2 + i * d, d, wide);
     }
 }
 

@@ -21,6 +21,9 @@ void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int
  * call these): per row, sum of squares in double (8 interleaved partial sums, a fixed order), scale
  * s = (float)(1 / sqrt(sum / d + eps)), then (x * s) * w in float32 (w may be NULL: no weight). Rows are contiguous (d values). */
 void g4_rmsnorm_rows(const float *x, const float *w, double eps, float *out, int64_t n, int64_t d);
+/* 1 (default): the row norms run 8 lanes at a time where the CPU has AVX2 (the same bits as the
+ * portable code); 0: portable code only (for the tests that compare the two) */
+extern int g4_norm_wide_ok;
 /* rows = n_tok * heads rows of d (even) values, row i rotated (NEOX pairs j, j + d/2) with row i / heads of
  * cos / sin (n_tok, d/2) after its norm; out may alias x */
 void g4_norm_rope(const float *x, const float *w, double eps, const float *cos, const float *sin, int64_t heads,

@@ -18,6 +18,7 @@ cdef extern from "g4_ops.h" nogil:
     void g4_add_rmsnorm_pool(g4_pool *pool, float *x, const float *y, const float *w, double eps, const float *w2,
                              float *out2, int64_t n, int64_t d)
     int g4_gelu_wide_ok
+    int g4_norm_wide_ok
     void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
                      int64_t ldo, int64_t n, int64_t d)
 
@@ -56,6 +57,16 @@ def set_gelu_wide(bint on):
     cdef bint old = g4_gelu_wide_ok != 0
     global g4_gelu_wide_ok
     g4_gelu_wide_ok = 1 if on else 0
+    return old
+
+
+def set_norm_wide(bint on):
+    """Let the row norms (rmsnorm_rows, norm_rope, add_rmsnorm and the layer loop's) use 8-lane AVX2
+    code where the CPU has it (the default) or only the portable code; the bits are the same.
+    Returns the previous setting (for tests)."""
+    cdef bint old = g4_norm_wide_ok != 0
+    global g4_norm_wide_ok
+    g4_norm_wide_ok = 1 if on else 0
     return old
 
 

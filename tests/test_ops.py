@@ -96,6 +96,48 @@ def test_gelu_mul_16_lanes_equal_4_lanes():
         np.testing.assert_array_equal(gelu_mul(g, u).view(np.uint32), narrow.view(np.uint32), err_msg=f"n={n}")
 
 
+@pytest.mark.skipif("avx2" not in __import__("gemma4cpu.isa").isa.cpu_features(),
+                    reason="the 8-lane row norms need AVX2")
+def test_row_norms_8_lanes_equal_the_portable_code():
+    """Where the CPU has AVX2 the row norms (sum of squares in 8 double lanes, scale, weight, the
+    residual add, the rotation) run 8 lanes at a time: the same bits as the portable code for
+    lengths on both sides of 8 (the scalar tail continues the lanes' partial sums), with and
+    without weights, for values from 1e-30 to 1e30, zeros and a row of zeros."""
+    rng = np.random.default_rng(12)
+    for d in (1, 2, 7, 8, 9, 15, 16, 17, 30, 256, 640, 1002):
+        n = 5
+        x = (rng.standard_normal((n, d)) * rng.choice([1e-30, 1e-3, 1.0, 40.0, 1e30], (n, 1))).astype(np.float32)
+        x[0, ::3] = 0.0
+        x[1] = 0.0
+        y = (rng.standard_normal((n, d)) * 3).astype(np.float32)
+        for w in (None, (1 + rng.standard_normal(d)).astype(np.float32)):
+            outs = []
+            for wide in (False, True):
+                old = _kernels.set_norm_wide(wide)
+                try:
+                    o1 = np.empty_like(x)
+                    _kernels.rmsnorm_rows(x, w, 1e-6, o1)
+                    xa, o2 = x.copy(), np.empty_like(x)
+                    _kernels.add_rmsnorm(xa, y, w, 1e-6, w, o2)
+                    xb = x.copy()
+                    _kernels.add_rmsnorm(xb, y, w, 1e-6)
+                    o3 = None
+                    if d % 2 == 0:
+                        ang = rng.standard_normal((n, d // 2)).astype(np.float32) if not outs else outs[0][-1][1]
+                        cos, sin = np.cos(ang), np.sin(ang)
+                        o3 = np.empty_like(x)
+                        _kernels.norm_rope(x, w, 1e-6, cos, sin, 1, o3)
+                    outs.append([o1, xa, o2, xb, (o3, ang if d % 2 == 0 else None)])
+                finally:
+                    _kernels.set_norm_wide(old)
+            (p1, pa, p2, pb, (p3, _)), (q1, qa, q2, qb, (q3, _)) = outs
+            for a, b, what in ((p1, q1, "rmsnorm"), (pa, qa, "add"), (p2, q2, "add+norm"), (pb, qb, "add, no out2")):
+                np.testing.assert_array_equal(_bits(b), _bits(a), err_msg=f"{what} d={d} w={w is not None}")
+            if p3 is not None:
+                np.testing.assert_array_equal(_bits(q3), _bits(p3), err_msg=f"norm_rope d={d} w={w is not None}")
+    assert np.isfinite(q1).all() and (q1 != 0).any()          # the last case computed something
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_gelu_mul_over_the_pool_equals_the_serial_loop(threads):
     """The pooled GELU (csrc/g4_ops.c, elements split over the workers, 64-byte pieces) gives the
