@@ -18,7 +18,7 @@
 #include "g4_kernels.h"
 #include "g4_ops.h"
 
-/* 0: the 16-lane GELU is off (tests compare it with the 4-lane one) */
+/* 0: the 16- and 8-lane GELU are off (tests compare them with the 4-lane one) */
 int g4_gelu_wide_ok = 1;
 
 #if defined(__SSE2__)
@@ -72,14 +72,25 @@ G4_GELU512 static int64_t g4_gelu_mul_row16(const float *g, const float *u, floa
         _mm512_storeu_ps(o + j, g4_gelu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j)));
     return j;
 }
+
+/* 8 lanes where the CPU has AVX2 (the same ops; no FMA in the target) */
+#define G4_GELU256 __attribute__((target("avx2"), optimize("fp-contract=off")))
+G4_GELU_DEFS(G4_GELU256, 8, _mm256, __m256, __m256i, 256)
+
+G4_GELU256 static int64_t g4_gelu_mul_row8(const float *g, const float *u, float *o, int64_t j, int64_t n) {
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(o + j, g4_gelu_mul8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j)));
+    return j;
+}
 #endif
 
-/* one row piece: out[j] = gelu_tanh(g[j]) * u[j]; 16 lanes where AVX-512 is there, then 4 lanes; the
- * tail goes through the same 4-lane code */
+/* one row piece: out[j] = gelu_tanh(g[j]) * u[j]; 16 lanes where AVX-512 is there, then 8 where AVX2
+ * is, then 4 lanes; the tail goes through the same 4-lane code */
 void g4_gelu_mul_row(const float *g, const float *u, float *o, int64_t n) {
     int64_t j = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (g4_gelu_wide_ok && (g4_cpu_features() & G4_F_AVX512F)) j = g4_gelu_mul_row16(g, u, o, n);
+    if (g4_gelu_wide_ok && (g4_cpu_features() & G4_F_AVX2)) j = g4_gelu_mul_row8(g, u, o, j, n);
 #endif
     for (; j + 4 <= n; j += 4) _mm_storeu_ps(o + j, g4_gelu_mul4(_mm_loadu_ps(g + j), _mm_loadu_ps(u + j)));
     if (j < n) {

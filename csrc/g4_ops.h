@@ -10,8 +10,8 @@
  * contiguous; pool NULL = the calling thread. Every element is computed on its own by one
  * expression (g4_gelu_mul_row), so the result does not depend on the thread count or the split. */
 void g4_gelu_mul_row(const float *g, const float *u, float *o, int64_t n);
-/* 1 (default): g4_gelu_mul_row runs 16 lanes at a time where the CPU has AVX-512 (same bits as the
- * 4-lane code); 0: 4 lanes only (for the tests that compare the two) */
+/* 1 (default): g4_gelu_mul_row runs 16 lanes at a time where the CPU has AVX-512, 8 where it has
+ * AVX2 (same bits as the 4-lane code); 0: 4 lanes only (for the tests that compare them) */
 extern int g4_gelu_wide_ok;
 void g4_gelu_mul(g4_pool *pool, const float *g, int64_t ldg, const float *u, int64_t ldu, float *out,
                  int64_t ldo, int64_t n, int64_t d);

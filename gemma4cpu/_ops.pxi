@@ -52,8 +52,8 @@ def rmsnorm_rows(const float[:, ::1] x, w, double eps, float[:, ::1] out, Pool p
 
 
 def set_gelu_wide(bint on):
-    """Let gelu_mul use 16 lanes where the CPU has AVX-512 (default) or not; returns the previous
-    setting. The bits are the same either way (tests/test_ops.py checks it)."""
+    """Let gelu_mul use 16 lanes where the CPU has AVX-512 and 8 where it has AVX2 (default) or only
+    4; returns the previous setting. The bits are the same either way (tests/test_ops.py checks it)."""
     cdef bint old = g4_gelu_wide_ok != 0
     global g4_gelu_wide_ok
     g4_gelu_wide_ok = 1 if on else 0

@@ -78,7 +78,8 @@ def test_gelu_mul_matches_float64():
 
 
 def test_gelu_mul_16_lanes_equal_4_lanes():
-    """Where the CPU has AVX-512, gelu_mul runs 16 lanes at a time: the same bits as the 4-lane code on
+    """Where the CPU has AVX-512 gelu_mul runs 16 lanes at a time, where it has AVX2 8 (after the
+    16-lane part, so both widths are crossed on an AVX-512 host): the same bits as the 4-lane code on
     every kind of input (both tails, zeros, subnormals, infinities, NaN, lengths around 16)."""
     from gemma4cpu.model import gelu_mul
     rng = np.random.default_rng(4)
