@@ -200,3 +200,43 @@ def test_the_assistant_is_counted(path, tmp_path):
         Engine(path, draft=asst, n_ctx=64, threads=1, progress=False, mem_limit=need - 1)
     with pytest.raises(DrafterMismatchError):
         Engine(path, draft=asst, n_ctx=64, threads=1, progress=False, mem_limit=need)
+
+
+_REUSE = """
+import resource
+import numpy as np
+from gemma4cpu.model import tune_malloc
+tuned = tune_malloc()
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+a = np.ones(64 << 20, np.uint8)
+del a
+f0 = faults()
+b = np.ones(64 << 20, np.uint8)
+print(tuned, faults() - f0)
+"""
+
+
+def test_malloc_tune_keeps_freed_activations_in_the_heap():
+    """Model() raises glibc's mmap / trim thresholds (gemma4cpu.model.tune_malloc): a 64 MiB array
+    freed and allocated again (a prefill layer's activations, the next layer) reuses the heap's
+    pages, no page faulted anew. With GEMMA4CPU_MALLOC_TUNE=0 glibc maps it anew: at least one
+    fault per 2 MiB (32), the fewest a fresh 64 MiB mapping can take with pages of at most 2 MiB."""
+    got = {}
+    for v in ("1", "0"):
+        r = subprocess.run([sys.executable, "-c", _REUSE], env={**os.environ, "GEMMA4CPU_MALLOC_TUNE": v},
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        tuned, faults = r.stdout.split()
+        got[v] = (tuned == "True", int(faults))
+    if not got["1"][0]:
+        pytest.skip("the C library is not glibc (no mallopt): nothing is tuned")
+    assert got["0"][0] is False and got["0"][1] >= 32, got
+    assert got["1"][1] < 8, got                     # a page or two for small Python objects at most
+
+
+def test_malloc_tune_refuses_an_unknown_value(monkeypatch):
+    from gemma4cpu.model import tune_malloc
+    monkeypatch.setenv("GEMMA4CPU_MALLOC_TUNE", "yes")
+    with pytest.raises(ValueError, match="GEMMA4CPU_MALLOC_TUNE='yes'"):
+        tune_malloc()
