@@ -185,13 +185,21 @@ def loop_rope_tables(rope, pos: np.ndarray) -> tuple[tuple, tuple]:
 LOOP_MAX_TOK = 16
 
 
+def _env_choice(name: str, choices: dict[str, str]) -> str:
+    """The value of environment variable `name`, one of `choices` (value -> what it means; the
+    first is the default, also for an empty value), stripped and lower-cased. Anything else is
+    refused, so that a misspelt value does not silently leave the default on."""
+    default = next(iter(choices))
+    v = os.environ.get(name, default).strip().lower() or default
+    if v not in choices:
+        raise ValueError(f"{name}={v!r}: expected " + " or ".join(f"{k!r} ({what})" for k, what in choices.items()))
+    return v
+
+
 def layer_loop_from_env() -> bool:
-    """GEMMA4CPU_LAYER_LOOP: 'c' (default) or 'python'; anything else is refused, so that a
-    misspelt value does not silently leave the C loop on."""
-    v = os.environ.get("GEMMA4CPU_LAYER_LOOP", "c").strip().lower() or "c"
-    if v not in ("c", "python"):
-        raise ValueError(f"GEMMA4CPU_LAYER_LOOP={v!r}: expected 'c' (default) or 'python'")
-    return v == "c"
+    """GEMMA4CPU_LAYER_LOOP: 'c' (default) or 'python'; anything else is refused."""
+    return _env_choice("GEMMA4CPU_LAYER_LOOP", {"c": "default: the C layer loop",
+                                                 "python": "the Python loop, for comparison"}) == "c"
 
 
 # glibc gives a freed block above its mmap threshold (128 KiB, raised by itself only up to 32 MiB)
@@ -212,11 +220,8 @@ def tune_malloc() -> bool:
     GEMMA4CPU_MALLOC_TUNE=0. Returns whether they are raised: False with '0', or where the C library
     is not glibc (its mallopt refuses or is absent). Values other than '0' / '1' are refused."""
     global _malloc_tuned
-    v = os.environ.get("GEMMA4CPU_MALLOC_TUNE", "1").strip() or "1"
-    if v not in ("0", "1"):
-        raise ValueError(f"GEMMA4CPU_MALLOC_TUNE={v!r}: expected '1' (default: raise glibc's mmap and trim "
-                         f"thresholds) or '0' (leave malloc alone)")
-    if v == "0":
+    if _env_choice("GEMMA4CPU_MALLOC_TUNE", {"1": "default: raise glibc's mmap and trim thresholds",
+                                             "0": "leave malloc alone"}) == "0":
         return bool(_malloc_tuned)
     if _malloc_tuned is None:
         _malloc_tuned = False
