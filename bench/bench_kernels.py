@@ -58,14 +58,16 @@ def slot_kind(isa: str, t: str) -> str:
     """'simd' or 'ref' for the product slot of weight type t in table `isa`."""
     if isa == "ref":
         return "ref"
-    name = "gemm_" + (t[:-2].lower() + "_K" if t.endswith("_K") else t.lower())
+    name = "gemm_q4_K_r8" if t == "Q4_K_R8" else "gemm_" + (t[:-2].lower() + "_K" if t.endswith("_K") else t.lower())
     return isa_mod.table_report(isa).get(name, "?")
 
 
 def build_weights(t: str, gib: float, rng) -> tuple[np.ndarray, int, int]:
     """(rows (copies * FFN_ROWS, row_bytes) uint8, copies, bytes of one matrix): one random
     FFN matrix copied until the array holds >= gib GiB (distinct pages, same values)."""
-    one = random_rows(t, FFN_ROWS, FFN_K, rng)
+    one = random_rows("Q4_K" if t == "Q4_K_R8" else t, FFN_ROWS, FFN_K, rng)
+    if t == "Q4_K_R8":  # the engine's repacked Q4_K (gemma4cpu.repack)
+        one = K.repack_q4_K_r8(one, FFN_K)
     copies = max(1, math.ceil(gib * GIB / one.nbytes))
     w = np.empty((copies * FFN_ROWS, one.shape[1]), dtype=np.uint8)
     for c in range(copies):
@@ -217,7 +219,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cpus", default=None, help="taskset-style CPU list; a T-thread pool uses the first T "
                                                  "(default: the process's allowed CPUs)")
     ap.add_argument("--types", default="Q4_K,Q8_0",
-                    help="weight types (default Q4_K,Q8_0; any of " + ",".join(K.TYPE_IDS) + ")")
+                    help="weight types (default Q4_K,Q8_0; any of " + ",".join(K.TYPE_IDS) + ", or Q4_K_R8: Q4_K repacked as the engine does on avx2)")
     ap.add_argument("--gib", type=float, default=1.0, help="weight working set per type in GiB (default 1)")
     ap.add_argument("--batches", default="1,2,4,8,16", help="token counts, batch group (default 1,2,4,8,16)")
     ap.add_argument("--prefill", default="64,512", help="token counts, prefill (default 64,512; '' to skip)")

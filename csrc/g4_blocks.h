@@ -60,6 +60,21 @@ static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
 static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+/* Q4_K repacked 8 rows at a time ("R8", gemma4cpu's own layout, not a GGUF type; G4_TYPE_Q4_K_R8).
+ * Rows 8i..8i+7 of a matrix keep their bytes (8 x row_bytes) but hold, per superblock b, one
+ * block_q4_K_r8 at offset 1152 b: the 8 rows' d, their dmin, the 12 scale bytes of each row as 3
+ * dwords transposed (a[w][row] = bytes 4w..4w+3 of that row's scales), then the codes of each
+ * 32-byte group g as 8 vectors of one dword per row (q[g][i][row] = qs[32g+4i..32g+4i+3] of that
+ * row). A 32-byte load of q[g][i] holds 4 codes bytes of each of the 8 rows (lane = row), so one
+ * token's product needs no horizontal sums. Same bits per row as block_q4_K, only moved. */
+typedef struct {
+    g4_half d[8];
+    g4_half dmin[8];
+    uint32_t a[3][8];
+    uint32_t q[4][8][8];
+} block_q4_K_r8;
+static_assert(sizeof(block_q4_K_r8) == 8 * sizeof(block_q4_K), "block_q4_K_r8 size");
+
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");

@@ -2,6 +2,7 @@
  * whole-operation entry points that split work over the pool. Compiled with baseline flags. */
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "g4_blocks.h"
@@ -144,14 +145,15 @@ void g4_set_active(const g4_kernels *k) { atomic_store(&g_active, k); }
 /* ---- table report ------------------------------------------------------------------------ */
 static const char *const wt_names[G4_WT_COUNT] = {"f32", "f16", "bf16", "q4_0", "q5_0", "q8_0",
                                                   "q4_K", "q5_K", "q6_K"};
-static char slot_names[2 + 2 * G4_WT_COUNT][32];
+static char slot_names[3 + 2 * G4_WT_COUNT][32];
 
-int g4_slot_count(void) { return 2 + 2 * G4_WT_COUNT; }
+int g4_slot_count(void) { return 3 + 2 * G4_WT_COUNT; }
 
 const char *g4_slot_name(int slot) {
     if (slot < 0 || slot >= g4_slot_count()) return NULL;
     if (slot == 0) return "quantize_row_q8_0";
     if (slot == 1) return "quantize_row_q8_K";
+    if (slot == 2 + 2 * G4_WT_COUNT) return "gemm_q4_K_r8";
     char *s = slot_names[slot];
     if (!s[0]) {
         const int wt = (slot - 2) / 2;
@@ -163,6 +165,7 @@ const char *g4_slot_name(int slot) {
 static const void *slot_ptr(const g4_kernels *k, int slot) {
     if (slot == 0) return (const void *)k->quantize_row_q8_0;
     if (slot == 1) return (const void *)k->quantize_row_q8_K;
+    if (slot == 2 + 2 * G4_WT_COUNT) return (const void *)k->gemm_q4_K_r8;
     const int wt = (slot - 2) / 2;
     return (slot - 2) % 2 ? (const void *)k->wt[wt].gemm : (const void *)k->wt[wt].dequant_row;
 }
@@ -181,7 +184,7 @@ int g4_wt_index(int t) {
     case G4_TYPE_Q4_0: return G4_WT_Q4_0;
     case G4_TYPE_Q5_0: return G4_WT_Q5_0;
     case G4_TYPE_Q8_0: return G4_WT_Q8_0;
-    case G4_TYPE_Q4_K: return G4_WT_Q4_K;
+    case G4_TYPE_Q4_K: case G4_TYPE_Q4_K_R8: return G4_WT_Q4_K;
     case G4_TYPE_Q5_K: return G4_WT_Q5_K;
     case G4_TYPE_Q6_K: return G4_WT_Q6_K;
     default: return -1;
@@ -215,6 +218,75 @@ int g4_type_k_multiple(int t) {
     const int bs = g4_type_block_size(t);
     return bs == 1 ? 16 : bs;
 }
+
+int g4_type_row_multiple(int t) { return t == G4_TYPE_Q4_K_R8 ? 8 : 1; }
+
+g4_gemm_fn g4_type_gemm(const g4_kernels *k, int t) {
+    if (t == G4_TYPE_Q4_K_R8) return k->gemm_q4_K_r8;
+    const int wt = g4_wt_index(t);
+    return wt < 0 ? NULL : k->wt[wt].gemm;
+}
+
+/* one group of 8 rows: rows (8 x row_bytes, row layout) -> g (R8), or back */
+static void r8_pack_group(const uint8_t *rows, size_t wrb, int64_t nb, block_q4_K_r8 *g) {
+    for (int r = 0; r < 8; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const block_q4_K *s = (const block_q4_K *)(rows + (size_t)r * wrb) + b;
+            block_q4_K_r8 *o = &g[b];
+            o->d[r] = s->d;
+            o->dmin[r] = s->dmin;
+            for (int w = 0; w < 3; w++) memcpy(&o->a[w][r], s->scales + 4 * w, 4);
+            for (int q = 0; q < 4; q++)
+                for (int i = 0; i < 8; i++) memcpy(&o->q[q][i][r], s->qs + 32 * q + 4 * i, 4);
+        }
+}
+
+static void r8_unpack_group(const block_q4_K_r8 *g, int64_t nb, uint8_t *rows, size_t wrb) {
+    for (int r = 0; r < 8; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            block_q4_K *o = (block_q4_K *)(rows + (size_t)r * wrb) + b;
+            const block_q4_K_r8 *s = &g[b];
+            o->d = s->d[r];
+            o->dmin = s->dmin[r];
+            for (int w = 0; w < 3; w++) memcpy(o->scales + 4 * w, &s->a[w][r], 4);
+            for (int q = 0; q < 4; q++)
+                for (int i = 0; i < 8; i++) memcpy(o->qs + 32 * q + 4 * i, &s->q[q][i][r], 4);
+        }
+}
+
+static void r8_unpack_rows(const void *w, int64_t r0, int64_t r1, int64_t k, void *out) {
+    const int64_t nb = k / QK_K;
+    const size_t wrb = (size_t)nb * sizeof(block_q4_K);
+    for (int64_t r = r0; r < r1; r += 8)
+        r8_unpack_group((const block_q4_K_r8 *)((const uint8_t *)w + (size_t)r * wrb), nb,
+                        (uint8_t *)out + (size_t)(r - r0) * wrb, wrb);
+}
+
+static int r8_convert(const void *src, void *dst, int64_t n_rows, int64_t k, int pack) {
+    if (n_rows < 0 || n_rows % 8 || k <= 0 || k % QK_K) return -1;
+    const int64_t nb = k / QK_K;
+    const size_t wrb = (size_t)nb * sizeof(block_q4_K), gb = 8 * wrb;
+    uint8_t *tmp = NULL;
+    if (src == dst && n_rows) {
+        tmp = (uint8_t *)malloc(gb);
+        if (!tmp) return -1;
+    }
+    for (int64_t r = 0; r < n_rows; r += 8) {
+        const uint8_t *s = (const uint8_t *)src + (size_t)r * wrb;
+        uint8_t *d = (uint8_t *)dst + (size_t)r * wrb;
+        if (tmp) {
+            memcpy(tmp, s, gb);
+            s = tmp;
+        }
+        if (pack) r8_pack_group(s, wrb, nb, (block_q4_K_r8 *)d);
+        else r8_unpack_group((const block_q4_K_r8 *)s, nb, d, wrb);
+    }
+    free(tmp);
+    return 0;
+}
+
+int g4_repack_q4_K_r8(const void *src, void *dst, int64_t n_rows, int64_t k) { return r8_convert(src, dst, n_rows, k, 1); }
+int g4_unpack_q4_K_r8(const void *src, void *dst, int64_t n_rows, int64_t k) { return r8_convert(src, dst, n_rows, k, 0); }
 
 g4_act g4_type_act(int t) {
     switch (g4_wt_index(t)) {
@@ -259,10 +331,23 @@ typedef struct {
     const g4_pool *pool;
     const int64_t *split;
     const void *const *w_group;
+    /* Q4_K_R8 weights with more than G4_TOK_TILE tokens: each worker unpacks its L2 row chunk
+     * into row layout (its own `unpack_bytes` slice of `unpack`) and runs the Q4_K products on it */
+    int r8;
+    g4_gemm_fn row_gemm, row_wide;
+    uint8_t *unpack;
+    size_t unpack_bytes;
 } matmul_ctx;
+
+static int64_t chunk_rows(size_t wrb, int r8) {
+    int64_t chunk = (int64_t)(G4_L2_CHUNK_BYTES / (wrb ? wrb : 1));
+    if (chunk < 16) chunk = 16;
+    return r8 ? chunk & ~(int64_t)7 : chunk;
+}
 
 static void matmul_task(void *vctx, int ith, int nth) {
     const matmul_ctx *c = (const matmul_ctx *)vctx;
+    const int worker = ith;
     int64_t lo = c->r0, hi = c->r1;
     const void *w = c->w;
     if (c->split) {
@@ -285,10 +370,23 @@ static void matmul_task(void *vctx, int ith, int nth) {
         c->gemm(w, c->wrb, c->x, c->xrb, c->y, c->ldy, c->n_tok, c->k, a, b);
         return;
     }
-    int64_t chunk = (int64_t)(G4_L2_CHUNK_BYTES / (c->wrb ? c->wrb : 1));
-    if (chunk < 16) chunk = 16;
+    const int64_t chunk = chunk_rows(c->wrb, c->r8);
     for (int64_t ra = a; ra < b; ra += chunk) {
         const int64_t rb = ra + chunk < b ? ra + chunk : b;
+        if (c->r8) { /* same bits: the Q4_K products on the same rows, moved back into row layout */
+            uint8_t *buf = c->unpack + (size_t)worker * c->unpack_bytes;
+            r8_unpack_rows(w, ra, rb, c->k, buf);
+            if (c->row_wide) {
+                c->row_wide(buf, c->wrb, c->x, c->xrb, c->y + ra, c->ldy, c->n_tok, c->k, 0, rb - ra);
+                continue;
+            }
+            for (int64_t t = 0; t < c->n_tok; t += G4_TOK_TILE) {
+                const int64_t nt = c->n_tok - t < G4_TOK_TILE ? c->n_tok - t : G4_TOK_TILE;
+                c->row_gemm(buf, c->wrb, (const uint8_t *)c->x + (size_t)t * c->xrb, c->xrb, c->y + t * c->ldy + ra,
+                            c->ldy, nt, c->k, 0, rb - ra);
+            }
+            continue;
+        }
         if (c->gemm_wide) { /* the kernel tiles the tokens itself (and reuses what it unpacked) */
             c->gemm_wide(w, c->wrb, c->x, c->xrb, c->y, c->ldy, c->n_tok, c->k, ra, rb);
             continue;
@@ -344,9 +442,22 @@ int g4_matmul_split(g4_pool *pool, int type, const void *w, size_t wrb, int64_t 
             for (int g = 0; g < n_split; g++)
                 if (!w_group[g]) { snprintf(msg, msg_len, "no weight copy for group %d", g); return -1; }
     }
-    if (r0 == r1) return 0;
+    const int r8 = type == G4_TYPE_Q4_K_R8;
     const g4_kernels *kt = g4_active();
-    matmul_ctx c = {.gemm = kt->wt[wt].gemm, .gemm_wide = kt->wt[wt].gemm_wide, .w = w, .wrb = wrb, .y = y, .ldy = ldy, .n_tok = n_tok,
+    if (r8) {
+        if (wrb != need || n_rows % 8 || r0 % 8 || r1 % 8) {
+            snprintf(msg, msg_len, "Q4_K_R8 weights need rows of exactly %zu bytes (got %zu) and a row count and "
+                     "row range in multiples of 8 (got %lld rows, [%lld, %lld))", need, wrb, (long long)n_rows,
+                     (long long)r0, (long long)r1);
+            return -1;
+        }
+        if (split)
+            for (int g = 0; g <= n_split; g++)
+                if (split[g] % 8) { snprintf(msg, msg_len, "Q4_K_R8 row split bounds must be multiples of 8"); return -1; }
+        if (!kt->gemm_q4_K_r8) { snprintf(msg, msg_len, "the %s table has no Q4_K_R8 product", kt->isa); return -1; }
+    }
+    if (r0 == r1) return 0;
+    matmul_ctx c = {.gemm = g4_type_gemm(kt, type), .gemm_wide = r8 ? NULL : kt->wt[wt].gemm_wide, .w = w, .wrb = wrb, .y = y, .ldy = ldy, .n_tok = n_tok,
                     .k = k, .r0 = r0, .r1 = r1, .xf = x, .ldx = ldx, .pool = pool, .split = split,
                     .w_group = split ? w_group : NULL};
     const g4_act act = g4_type_act(type);
@@ -355,8 +466,18 @@ int g4_matmul_split(g4_pool *pool, int type, const void *w, size_t wrb, int64_t 
         c.xrb = (size_t)ldx * sizeof(float);
     } else {
         c.xrb = g4_act_row_bytes(act, k);
-        c.xq = g4_pool_scratch(pool, c.xrb * (size_t)n_tok);
+        const size_t xq_bytes = (c.xrb * (size_t)n_tok + 63) & ~(size_t)63;
+        size_t extra = 0;
+        if (r8 && n_tok > G4_TOK_TILE) {
+            c.r8 = 1;
+            c.row_gemm = kt->wt[wt].gemm;
+            c.row_wide = kt->wt[wt].gemm_wide;
+            c.unpack_bytes = ((size_t)chunk_rows(wrb, 1) * wrb + 63) & ~(size_t)63;
+            extra = c.unpack_bytes * (size_t)g4_pool_size(pool);
+        }
+        c.xq = g4_pool_scratch(pool, xq_bytes + extra);
         if (!c.xq) { snprintf(msg, msg_len, "out of memory for %lld activation rows", (long long)n_tok); return -1; }
+        c.unpack = (uint8_t *)c.xq + xq_bytes;
         c.quant = act == G4_ACT_Q8_K ? kt->quantize_row_q8_K : kt->quantize_row_q8_0;
         if (n_tok >= 4 && g4_pool_size(pool) > 1) g4_pool_run(pool, quant_task, &c);
         else quant_task(&c, 0, 1);

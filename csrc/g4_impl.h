@@ -37,6 +37,11 @@
                                int64_t, int64_t, int64_t, int64_t);
 
 G4_DECLARE_ISA(ref)
+/* Q4_K_R8 products (G4_TYPE_Q4_K_R8): the reference and the AVX2 kernel (also in the avx512 tables) */
+void g4_gemm_q4_K_r8_q8_K_ref(const void *, size_t, const void *, size_t, float *, int64_t, int64_t, int64_t,
+                              int64_t, int64_t);
+void g4_gemm_q4_K_r8_q8_K_avx2(const void *, size_t, const void *, size_t, float *, int64_t, int64_t, int64_t,
+                               int64_t, int64_t);
 
 /* Tables defined in csrc/<isa>/table_<isa>.c; entries may point at *_ref functions, which
  * g4_slot_is_ref reports (tests allow-list them). */

@@ -46,6 +46,11 @@ typedef enum {
     G4_TYPE_Q5_K = 13,
     G4_TYPE_Q6_K = 14,
     G4_TYPE_BF16 = 30,
+    /* gemma4cpu's own: Q4_K repacked 8 rows at a time (block_q4_K_r8 in g4_blocks.h); not a GGUF
+     * type. Same traits as Q4_K (g4_wt_index gives G4_WT_Q4_K) but its rows are only meaningful
+     * in groups of 8: n_rows, row ranges and row splits must be multiples of 8, and row_bytes
+     * exactly k/256 * 144. g4_type_gemm picks its product. */
+    G4_TYPE_Q4_K_R8 = 1012,
 } g4_type;
 
 /* Compact index of a weight type in the table (G4_WT_*), -1 if unsupported. */
@@ -73,6 +78,7 @@ typedef struct g4_kernels {
     g4_quant_fn quantize_row_q8_0;      /* k % 32 == 0 */
     g4_quant_fn quantize_row_q8_K;      /* k % 256 == 0 */
     g4_wt_kernels wt[G4_WT_COUNT];
+    g4_gemm_fn gemm_q4_K_r8;            /* G4_TYPE_Q4_K_R8, rows [r0, r1) multiples of 8 */
 } g4_kernels;
 
 /* --- type traits ---------------------------------------------------------------------- */
@@ -83,6 +89,15 @@ g4_act g4_type_act(int ggml_type);         /* activation format for products */
 size_t g4_act_row_bytes(g4_act act, int64_t k);
 /* k granularity for products: the block size, or 16 for float weights */
 int g4_type_k_multiple(int ggml_type);
+/* rows granularity: 8 for G4_TYPE_Q4_K_R8, else 1 */
+int g4_type_row_multiple(int ggml_type);
+/* The product of table k for this type (Q4_K_R8 included); NULL if unsupported. */
+g4_gemm_fn g4_type_gemm(const struct g4_kernels *k, int ggml_type);
+/* Q4_K rows <-> Q4_K_R8 groups: n_rows (a multiple of 8) rows of k elements, row_bytes =
+ * k/256*144 apart in both. src == dst is allowed (in place: one group at a time through a
+ * 8-row buffer on the heap). Return 0, or -1 on bad arguments / no memory for that buffer. */
+int g4_repack_q4_K_r8(const void *src, void *dst, int64_t n_rows, int64_t k);
+int g4_unpack_q4_K_r8(const void *src, void *dst, int64_t n_rows, int64_t k);
 
 /* --- dispatch ----------------------------------------------------------------------- */
 /* 1 if this CPU and OS can run the table compiled for `isa` (CPUID + XGETBV). */
@@ -95,7 +110,8 @@ const g4_kernels *g4_kernels_select(const char *name);
 const g4_kernels *g4_active(void);
 void g4_set_active(const g4_kernels *k);
 /* 1 if entry `slot` of `k` points at the scalar reference implementation (a visible fallback).
- * slot: 0 = quantize_row_q8_0, 1 = quantize_row_q8_K, 2 + 2*wt = dequant_row, 3 + 2*wt = gemm. */
+ * slot: 0 = quantize_row_q8_0, 1 = quantize_row_q8_K, 2 + 2*wt = dequant_row, 3 + 2*wt = gemm,
+ * 2 + 2*G4_WT_COUNT = gemm_q4_K_r8. */
 int g4_slot_count(void);
 const char *g4_slot_name(int slot);
 int g4_slot_is_ref(const g4_kernels *k, int slot);

@@ -13,6 +13,8 @@ from gemma4cpu._kernels cimport *
 ISA_NAMES = ("ref", "avx2", "avx512", "amx")
 # ggml type ids this build computes with
 TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+# gemma4cpu's own layout, not a GGUF type: Q4_K repacked 8 rows at a time (csrc/g4_blocks.h block_q4_K_r8)
+TYPE_Q4_K_R8 = 1012
 
 
 def cpu_features():
@@ -100,6 +102,8 @@ def dequantize_rows(int ggml_type, const uint8_t[:, ::1] w, int64_t k, float[:, 
     cdef int wt = g4_wt_index(ggml_type)
     if wt < 0:
         raise ValueError(f"weight type {ggml_type} is not supported")
+    if ggml_type == TYPE_Q4_K_R8:
+        raise ValueError("Q4_K_R8 rows are interleaved 8 at a time: unpack_q4_K_r8 them first")
     cdef int bs = g4_type_block_size(ggml_type)
     if k <= 0 or k % bs:
         raise ValueError(f"k={k} is not a positive multiple of the block size {bs}")
@@ -140,9 +144,44 @@ def gemm_rows(int ggml_type, const uint8_t[:, ::1] w, int64_t k, const uint8_t[:
         raise ValueError(f"y must be ({n_tok}, >= {w.shape[0]}), got ({y.shape[0]}, {y.shape[1]})")
     if n_tok == 0 or r0 == r1:
         return
-    cdef g4_gemm_fn fn = g4_active().wt[wt].gemm
+    cdef int rm = g4_type_row_multiple(ggml_type)
+    if w.shape[0] % rm or r0 % rm or r1 % rm:
+        raise ValueError(f"this type's rows go in groups of {rm}: {w.shape[0]} rows, range [{r0}, {r1})")
+    if rm > 1 and <size_t>w.shape[1] != <size_t>(k // bs * g4_type_block_bytes(ggml_type)):
+        raise ValueError(f"rows of {w.shape[1]} bytes, expected exactly {k // bs * g4_type_block_bytes(ggml_type)}")
+    cdef g4_gemm_fn fn = g4_type_gemm(g4_active(), ggml_type)
+    if fn == NULL:
+        raise ValueError(f"the {active()} table has no product for type {ggml_type}")
     with nogil:
         fn(&w[0, 0], w.shape[1], &xa[0, 0], xa.shape[1], &y[0, 0], y.shape[1], n_tok, k, r0, r1)
+
+
+def _r8_convert(const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, int64_t k, bint pack):
+    cdef int64_t n = src.shape[0]
+    if k <= 0 or k % 256:
+        raise ValueError(f"k={k} is not a positive multiple of 256")
+    if n % 8:
+        raise ValueError(f"{n} rows: Q4_K_R8 needs a multiple of 8")
+    if <size_t>src.shape[1] != <size_t>(k // 256 * 144) or dst.shape[0] != n or dst.shape[1] != src.shape[1]:
+        raise ValueError(f"src and dst must both be ({n}, {k // 256 * 144}) uint8, got ({src.shape[0]}, "
+                         f"{src.shape[1]}) and ({dst.shape[0]}, {dst.shape[1]})")
+    if n == 0:
+        return
+    cdef int rc
+    with nogil:
+        rc = g4_repack_q4_K_r8(&src[0, 0], &dst[0, 0], n, k) if pack else g4_unpack_q4_K_r8(&src[0, 0], &dst[0, 0], n, k)
+    if rc != 0:
+        raise MemoryError("no memory for an 8-row buffer")
+
+
+def repack_q4_K_r8(src, uint8_t[:, ::1] dst, int64_t k):
+    """Q4_K rows (n, k/256*144) -> Q4_K_R8 in dst (same shape; dst may be src: in place). n % 8 == 0."""
+    _r8_convert(src, dst, k, True)
+
+
+def unpack_q4_K_r8(src, uint8_t[:, ::1] dst, int64_t k):
+    """Q4_K_R8 rows -> Q4_K rows in dst (same shape; dst may be src). The inverse of repack_q4_K_r8."""
+    _r8_convert(src, dst, k, False)
 
 
 cdef class RowPlacement:

@@ -11,13 +11,17 @@ import numpy as np
 from gemma4cpu import _kernels
 from gemma4cpu._kernels import Pool, RowPlacement  # noqa: F401  (re-exported)
 
-TYPE_IDS = dict(_kernels.TYPE_IDS)
-TYPE_NAMES = {v: k for k, v in TYPE_IDS.items()}
+TYPE_IDS = dict(_kernels.TYPE_IDS)          # the GGUF types the kernels compute with
+# gemma4cpu's own layout (not in GGUF files): Q4_K with 8 rows interleaved, made by repack_q4_K_r8
+Q4_K_R8 = _kernels.TYPE_Q4_K_R8
+TYPE_NAMES = {v: k for k, v in TYPE_IDS.items()} | {Q4_K_R8: "Q4_K_R8"}
 
 
 def type_id(t) -> int:
     """ggml type id from an int, a gguf.GGMLQuantizationType or a name like 'Q4_K'."""
     if isinstance(t, str):
+        if t.upper() == "Q4_K_R8":
+            return Q4_K_R8
         try:
             return TYPE_IDS[t] if t in TYPE_IDS else TYPE_IDS[{k.upper(): k for k in TYPE_IDS}[t.upper()]]
         except KeyError:
@@ -64,7 +68,26 @@ def dequantize(t, w: np.ndarray, k: int) -> np.ndarray:
     tid = type_id(t)
     w = as_rows(w, tid, k)
     out = np.empty((w.shape[0], k), dtype=np.float32)
+    if tid == Q4_K_R8:
+        w, tid = unpack_q4_K_r8(w, k), TYPE_IDS["Q4_K"]
     _kernels.dequantize_rows(tid, w, k, out)
+    return out
+
+
+def repack_q4_K_r8(w: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Q4_K rows (n_rows, row_bytes), n_rows a multiple of 8 -> the same bytes as Q4_K_R8 (the
+    8 rows of each group interleaved, csrc/g4_blocks.h), into `out` (may be `w`: in place)."""
+    w = as_rows(w, "Q4_K", k)
+    out = np.empty_like(w) if out is None else out
+    _kernels.repack_q4_K_r8(w, out, k)
+    return out
+
+
+def unpack_q4_K_r8(w: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The inverse of repack_q4_K_r8: Q4_K_R8 rows -> Q4_K rows."""
+    w = as_rows(w, Q4_K_R8, k)
+    out = np.empty_like(w) if out is None else out
+    _kernels.unpack_q4_K_r8(w, out, k)
     return out
 
 

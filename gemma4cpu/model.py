@@ -15,8 +15,10 @@ Shapes: n = tokens in this call, D = n_embd, hd = head dim of the layer, Hq / Hk
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import mmap as _mmap
 import os
 import sys
 import threading
@@ -28,6 +30,7 @@ from gemma4cpu import _kernels
 from gemma4cpu import kernels as K
 from gemma4cpu import placement
 from gemma4cpu import memory
+from gemma4cpu import repack
 from gemma4cpu.config import ModelConfig
 from gemma4cpu.gguf_io import GGUFFile
 from gemma4cpu.kv_cache import KVCache, kv_type_id
@@ -298,6 +301,35 @@ class _LoadProgress:
 class Model:
     """A loaded target model: `forward(tokens)` appends them to the cache and returns logits."""
 
+    def _repack_q4k(self, copied: bool, mem_limit, pr, workers: int) -> None:
+        """Repack the Q4_K layer matrices 8 rows at a time where GEMMA4CPU_REPACK and the active
+        table say so (gemma4cpu.repack); self.repack reports what was done or why not. Mapped
+        weights need new memory: counted in the memory check, and skipped in 'auto' mode (refused
+        with '1') when it does not fit."""
+        rp = self.repack
+        ok, why = repack.decide(rp.mode)
+        if ok and not copied:
+            need = repack.new_bytes(self.w, copied)
+            if need:
+                p = dataclasses.replace(self.memory_plan, extra={**self.memory_plan.extra,
+                                                                 "repacked Q4_K weights": need})
+                try:
+                    memory.check(p, f"{self.file.path} with its Q4_K matrices repacked ({repack.ENV}={rp.mode})",
+                                 mem_limit)
+                    self.memory_plan = p
+                except memory.InsufficientMemoryError:
+                    if rp.mode == "1":
+                        raise
+                    ok, why = False, (f"no memory for the repacked copy ({need / 2**30:.2f} GiB); "
+                                      f"{repack.ENV}=0 silences this")
+        if not ok:
+            rp.why = why
+            return
+        pr.stage = "repacking the Q4_K matrices"
+        fm = getattr(self.file, "_mm", None)
+        repack.apply(self.w, copied, workers=workers,
+                     file_map=fm if isinstance(fm, _mmap.mmap) else None, report=rp)
+
     def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, threads: int | None = None,
                  cpus: list[int] | None = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
                  threads_batch: int | None = None, numa: str = "auto", numa_nodes: list[int] | None = None,
@@ -315,6 +347,7 @@ class Model:
         max_draft = check_int("max_draft", max_draft, 0, 1 << 10)
         kv_type_id(cache_type_k), kv_type_id(cache_type_v)  # refuse an unknown cache type before loading
         layer_loop = layer_loop_from_env()
+        self.repack = repack.Report(mode=repack.mode_from_env())  # a bad value is refused before loading
         tune_malloc()
         pr = _LoadProgress(getattr(path, "path", path), progress)
         summary = None
@@ -335,6 +368,10 @@ class Model:
             pr.stage = f"mapping the weights of {self.cfg.n_layer} layers"
             self.w = load_weights(self.file, self.cfg)
             self.n_ctx = n_ctx
+            # mapped weights: repacked into new memory before placement, which then places it
+            workers = max(1, min(16, planned[1].decode.threads))
+            if not copies:
+                self._repack_q4k(False, mem_limit, pr, workers)
             pr.stage = f"placing threads and weights (numa {numa})"
             # threads, pools and weight pages by the NUMA plan (gemma4cpu.numa, gemma4cpu.placement):
             # pool serves one-token calls, pool_batch (-tb) the others; warnings as NumaWarning
@@ -342,6 +379,8 @@ class Model:
                                         mmap, mlock, thp, topology, planned=planned)
             self.numa_plan, self.pool, self.pool_batch = self.numa.plan, self.numa.pool, self.numa.pool_batch
             self._pool = self.pool  # the pool of the call in progress (forward picks it)
+            if copies:   # copies of the weights: repacked in place
+                self._repack_q4k(True, mem_limit, pr, workers)
             self.max_batch = max_batch
             pr.stage = f"allocating the KV cache for {n_ctx} positions"
             try:
@@ -356,7 +395,8 @@ class Model:
             self._inv_freq = {}
             self.layer_loop = layer_loop
             summary = (f"{self.cfg.arch}, {self.cfg.n_layer} layers, {self.w.n_bytes / 2**30:.2f} GiB weights, "
-                       f"KV cache {self.cache.nbytes / 2**20:.0f} MiB ({cache_type_k}/{cache_type_v})")
+                       f"KV cache {self.cache.nbytes / 2**20:.0f} MiB ({cache_type_k}/{cache_type_v})"
+                       + (f", {self.repack.mats} Q4_K matrices repacked" if self.repack.done else ""))
         finally:
             pr.done(summary)
 

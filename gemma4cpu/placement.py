@@ -575,7 +575,9 @@ def place_weights(f, weights, plan, mmap: bool = True, mlock: bool = False, thp:
         if live and rep.ranges and (force or not one_node):
             def one(r):
                 st = place(r.addr, r.length, r.mode, r.nodes, file_backed=fb0 <= r.addr < fb1)
-                return st if st is not None else move_pages(_sample_pages(r, sample))
+                # anonymous memory (the repacked Q4_K matrices, gemma4cpu.repack): every page is
+                # present (written at load), so every page is queried
+                return st if st is not None else move_pages(_sample_pages(r, None))
             # ranges in parallel: each thread faults its pages in under its own thread policy, and
             # ctypes lets go of the GIL around the system calls
             from concurrent.futures import ThreadPoolExecutor

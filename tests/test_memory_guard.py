@@ -20,6 +20,8 @@ def path():
 @pytest.fixture(autouse=True)
 def _no_env_limit(monkeypatch):
     monkeypatch.delenv(memory.ENV, raising=False)
+    # the plans compared here hold no repacked copy (its own test below turns the repack on)
+    monkeypatch.setenv("GEMMA4CPU_REPACK", "0")
 
 
 @pytest.mark.parametrize("n_ctx,kt,vt", [(64, "f16", "f16"), (1000, "q8_0", "q4_0"), (5000, "f32", "f16")])
@@ -55,6 +57,30 @@ def test_limit_boundary(path):
     with pytest.raises(InsufficientMemoryError):
         Model(path, n_ctx=2048, threads=1, progress=False, mem_limit=need - 1)
     Model(path, n_ctx=2048, threads=1, progress=False, mem_limit="off")   # the check can be turned off
+
+
+def test_repack_copy_is_counted_and_dropped_when_it_does_not_fit(path, monkeypatch):
+    """Mapped Q4_K matrices repacked (gemma4cpu.repack) take new memory: counted in the plan; at one
+    byte less than the need with it, GEMMA4CPU_REPACK=1 is refused and 'auto' (on the avx2 table,
+    where it repacks) loads without repacking and says why."""
+    from gemma4cpu import isa as isa_mod
+    from gemma4cpu.model import Model
+    monkeypatch.setenv("GEMMA4CPU_REPACK", "1")
+    m = Model(path, n_ctx=256, threads=1, progress=False)
+    extra = m.memory_plan.extra.get("repacked Q4_K weights", 0)
+    assert m.repack.done and extra == m.repack.new_bytes > 0
+    need = m.memory_plan.total
+    Model(path, n_ctx=256, threads=1, progress=False, mem_limit=need)
+    with pytest.raises(InsufficientMemoryError, match="repacked"):
+        Model(path, n_ctx=256, threads=1, progress=False, mem_limit=need - 1)
+    if "avx2" not in isa_mod.available():
+        return
+    monkeypatch.setenv("GEMMA4CPU_REPACK", "auto")
+    with isa_mod.use("avx2"):
+        m = Model(path, n_ctx=256, threads=1, progress=False, mem_limit=need - 1)
+        assert not m.repack.done and "no memory" in m.repack.why
+        assert "repacked Q4_K weights" not in m.memory_plan.extra
+        assert Model(path, n_ctx=256, threads=1, progress=False, mem_limit=need).repack.done
 
 
 def test_real_available_memory_refuses_an_absurd_context(path):

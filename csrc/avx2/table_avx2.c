@@ -20,4 +20,5 @@ const g4_kernels g4_kernels_avx2 = {
         [G4_WT_Q5_K] = G4_WT(g4_dequant_row_q5_K_avx2, g4_gemm_q5_K_q8_K_avx2),
         [G4_WT_Q6_K] = G4_WT(g4_dequant_row_q6_K_avx2, g4_gemm_q6_K_q8_K_avx2),
     },
+    .gemm_q4_K_r8 = g4_gemm_q4_K_r8_q8_K_avx2,
 };

@@ -31,6 +31,8 @@ G4_DECLARE_ISA(avx512)
             [G4_WT_Q5_K] = {g4_dequant_row_q5_K_avx512, g4_gemm_q5_K_q8_K_avx512},                 \
             [G4_WT_Q6_K] = {g4_dequant_row_q6_K_avx512, g4_gemm_q6_K_q8_K_avx512},                 \
         },                                                                                         \
+        /* the AVX2 kernel (every AVX-512 CPU runs it); the engine repacks only on avx2 */          \
+        .gemm_q4_K_r8 = g4_gemm_q4_K_r8_q8_K_avx2,                                                 \
     }
 
 /* Exact f16 -> f32 for 16 lanes, bit-identical to g4_fp16_to_fp32 including NaN payloads

@@ -2,6 +2,7 @@
  * This file *defines* the arithmetic every SIMD table must reproduce bit for bit (g4_kernels.h):
  * exact integer dot products per block, then a fixed sequence of float ops per block, no FMA.
  * GEMV is the n_tok = 1 case of the same function, so batch invariance holds by construction. */
+#include <string.h>
 #include "../g4_blocks.h"
 #include "../g4_impl.h"
 
@@ -76,7 +77,7 @@ G4_Q32_GEMM_REF(g4_gemm_q8_0_q8_0_ref, block_q8_0, g4_q8_0_q)
 /* ---- K-quants against Q8_K activations ---- */
 /* Q4_K/Q5_K: S = sum_j sc_j * isum_j, M = sum_j m_j * bsum32_j (exact int32; |S| < 2^26),
  * acc = acc + ((d*d8) * (float)S - (dmin*d8) * (float)M). */
-#define G4_K45_GEMM_REF(NAME, BT, HIGHBIT)                                                         \
+#define G4_K45_GEMM_REF(NAME, BT, HIGHBIT, WB)                                                     \
     void NAME(const void *w, size_t wrb, const void *x, size_t xrb, float *y, int64_t ldy,         \
               int64_t n_tok, int64_t k, int64_t r0, int64_t r1) {                                  \
         const int64_t nb = k / QK_K;                                                               \
@@ -86,7 +87,8 @@ G4_Q32_GEMM_REF(g4_gemm_q8_0_q8_0_ref, block_q8_0, g4_q8_0_q)
                 const block_q8_K *xt = (const block_q8_K *)ROW(x, t, xrb);                         \
                 float acc = 0.0f;                                                                  \
                 for (int64_t b = 0; b < nb; b++) {                                                 \
-                    const BT *wb = &wr[b];                                                         \
+                    BT tmpb;                                                                       \
+                    const BT *wb = WB;                                                             \
                     int32_t S = 0, M = 0;                                                          \
                     for (int j = 0; j < 8; j++) {                                                  \
                         uint8_t sc, m;                                                             \
@@ -110,8 +112,22 @@ G4_Q32_GEMM_REF(g4_gemm_q8_0_q8_0_ref, block_q8_0, g4_q8_0_q)
         }                                                                                          \
     }
 
-G4_K45_GEMM_REF(g4_gemm_q4_K_q8_K_ref, block_q4_K, 0)
-G4_K45_GEMM_REF(g4_gemm_q5_K_q8_K_ref, block_q5_K, (((wb->qh[l] >> j) & 1) << 4))
+/* row r's superblock b of Q4_K_R8 weights, gathered back into a block_q4_K */
+static inline const block_q4_K *g4_r8_block(const void *w, size_t wrb, int64_t r, int64_t b, block_q4_K *o) {
+    const block_q4_K_r8 *g = (const block_q4_K_r8 *)ROW(w, r & ~(int64_t)7, wrb) + b;
+    const int l = (int)(r & 7);
+    o->d = g->d[l];
+    o->dmin = g->dmin[l];
+    for (int i = 0; i < 3; i++) memcpy(o->scales + 4 * i, &g->a[i][l], 4);
+    for (int q = 0; q < 4; q++)
+        for (int i = 0; i < 8; i++) memcpy(o->qs + 32 * q + 4 * i, &g->q[q][i][l], 4);
+    return o;
+}
+
+G4_K45_GEMM_REF(g4_gemm_q4_K_q8_K_ref, block_q4_K, 0, ((void)tmpb, &wr[b]))
+G4_K45_GEMM_REF(g4_gemm_q5_K_q8_K_ref, block_q5_K, (((wb->qh[l] >> j) & 1) << 4), ((void)tmpb, &wr[b]))
+/* Q4_K_R8: the Q4_K reference on each row's gathered blocks (rows [r0, r1) multiples of 8) */
+G4_K45_GEMM_REF(g4_gemm_q4_K_r8_q8_K_ref, block_q4_K, 0, ((void)wr, g4_r8_block(w, wrb, r, b, &tmpb)))
 
 /* Q6_K: S = sum_{j<16} sc_j * sum_{16 elems} (q-32)*x  (exact, |S| < 2^28); acc = acc + (d*d8)*(float)S */
 void g4_gemm_q6_K_q8_K_ref(const void *w, size_t wrb, const void *x, size_t xrb, float *y,

@@ -18,4 +18,5 @@ const g4_kernels g4_kernels_ref = {
         [G4_WT_Q5_K] = G4_WT(g4_dequant_row_q5_K_ref, g4_gemm_q5_K_q8_K_ref),
         [G4_WT_Q6_K] = G4_WT(g4_dequant_row_q6_K_ref, g4_gemm_q6_K_q8_K_ref),
     },
+    .gemm_q4_K_r8 = g4_gemm_q4_K_r8_q8_K_ref,
 };
