@@ -254,9 +254,56 @@ static void r8_unpack_group(const block_q4_K_r8 *g, int64_t nb, uint8_t *rows, s
         }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* the same bytes with AVX2: each 32-byte code group is an 8 x 8 dword transpose (q[g][i][row] ->
+ * row's qs[32g + 4i]); d, dmin and the scale dwords one row at a time */
+__attribute__((target("avx2"))) static void r8_unpack_group_avx2(const block_q4_K_r8 *g, int64_t nb, uint8_t *rows,
+                                                                size_t wrb) {
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q4_K_r8 *s = &g[b];
+        for (int r = 0; r < 8; r++) {
+            block_q4_K *o = (block_q4_K *)(rows + (size_t)r * wrb) + b;
+            o->d = s->d[r];
+            o->dmin = s->dmin[r];
+            for (int w = 0; w < 3; w++) memcpy(o->scales + 4 * w, &s->a[w][r], 4);
+        }
+        for (int q = 0; q < 4; q++) {
+            __m256i v[8];
+            for (int i = 0; i < 8; i++) v[i] = _mm256_loadu_si256((const __m256i *)s->q[q][i]);
+            const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+            const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+            const __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+            const __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+            const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+            const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+            const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+            const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+            /* u0 = rows 0 | 4 of dwords 0-3, u1 = rows 1 | 5, u2 = rows 2 | 6, u3 = rows 3 | 7; u4-u7: dwords 4-7 */
+            const __m256i lo[4] = {u0, u1, u2, u3}, hi[4] = {u4, u5, u6, u7};
+            for (int r = 0; r < 4; r++) {
+                block_q4_K *o0 = (block_q4_K *)(rows + (size_t)r * wrb) + b;
+                block_q4_K *o1 = (block_q4_K *)(rows + (size_t)(r + 4) * wrb) + b;
+                _mm256_storeu_si256((__m256i *)(o0->qs + 32 * q), _mm256_permute2x128_si256(lo[r], hi[r], 0x20));
+                _mm256_storeu_si256((__m256i *)(o1->qs + 32 * q), _mm256_permute2x128_si256(lo[r], hi[r], 0x31));
+            }
+        }
+    }
+}
+#define G4_HAVE_UNPACK_AVX2 1
+#endif
+
 static void r8_unpack_rows(const void *w, int64_t r0, int64_t r1, int64_t k, void *out) {
     const int64_t nb = k / QK_K;
     const size_t wrb = (size_t)nb * sizeof(block_q4_K);
+#ifdef G4_HAVE_UNPACK_AVX2
+    if (g4_cpu_features() & G4_F_AVX2) {
+        for (int64_t r = r0; r < r1; r += 8)
+            r8_unpack_group_avx2((const block_q4_K_r8 *)((const uint8_t *)w + (size_t)r * wrb), nb,
+                                 (uint8_t *)out + (size_t)(r - r0) * wrb, wrb);
+        return;
+    }
+#endif
     for (int64_t r = r0; r < r1; r += 8)
         r8_unpack_group((const block_q4_K_r8 *)((const uint8_t *)w + (size_t)r * wrb), nb,
                         (uint8_t *)out + (size_t)(r - r0) * wrb, wrb);
@@ -310,6 +357,11 @@ size_t g4_act_row_bytes(g4_act act, int64_t k) {
  * chunk, all token tiles; every (row, token) result is computed by the same kernel code, so the
  * tiling cannot change a bit of the output. */
 #define G4_TOK_TILE 16
+/* Q4_K_R8: up to this many tokens the R8 product; more (the row kernels' 13-16-token tiles and
+ * prefill) unpack L2 row chunks and run the Q4_K kernels (16-token prefill slices of a 31B-shaped
+ * model, 2 threads: through the R8 product 0.72-0.78x the row layout's tokens/s, through the
+ * unpacked chunks 0.96-1.03x) */
+#define G4_R8_DIRECT_MAX 12
 #define G4_L2_CHUNK_BYTES (256u * 1024u)
 
 typedef struct {
@@ -331,7 +383,7 @@ typedef struct {
     const g4_pool *pool;
     const int64_t *split;
     const void *const *w_group;
-    /* Q4_K_R8 weights with more than G4_TOK_TILE tokens: each worker unpacks its L2 row chunk
+    /* Q4_K_R8 weights with more than G4_R8_DIRECT_MAX tokens: each worker unpacks its L2 row chunk
      * into row layout (its own `unpack_bytes` slice of `unpack`) and runs the Q4_K products on it */
     int r8;
     g4_gemm_fn row_gemm, row_wide;
@@ -366,7 +418,7 @@ static void matmul_task(void *vctx, int ith, int nth) {
     const int64_t a = lo + per * ith;
     const int64_t b = a + per < hi ? a + per : hi;
     if (a >= b) return;
-    if (c->n_tok <= G4_TOK_TILE) {
+    if (c->n_tok <= G4_TOK_TILE && !c->r8) {
         c->gemm(w, c->wrb, c->x, c->xrb, c->y, c->ldy, c->n_tok, c->k, a, b);
         return;
     }
@@ -468,7 +520,7 @@ int g4_matmul_split(g4_pool *pool, int type, const void *w, size_t wrb, int64_t 
         c.xrb = g4_act_row_bytes(act, k);
         const size_t xq_bytes = (c.xrb * (size_t)n_tok + 63) & ~(size_t)63;
         size_t extra = 0;
-        if (r8 && n_tok > G4_TOK_TILE) {
+        if (r8 && n_tok > G4_R8_DIRECT_MAX) {
             c.r8 = 1;
             c.row_gemm = kt->wt[wt].gemm;
             c.row_wide = kt->wt[wt].gemm_wide;

@@ -195,7 +195,7 @@ class Engine:
                            mlock=mlock, thp=thp,    # threads and placement: gemma4cpu.numa / placement
                            cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_batch=max_batch,
                            max_draft=spec.MAX_DRAFT, progress=progress, mem_limit=mem_limit, swa_full=swa_full,
-                           memory_extra=extra)
+                           memory_extra=extra, speculative=self._spec_defaults["spec_type"] != "none")
         self.ctx_checkpoints = ctx_checkpoints
         self._ckpts: list[tuple[list[int], object]] = []   # (tokens [0, c), KVCache.RingSnapshot at c)
         self.tokenizer = Tokenizer(self.model.file.kv)

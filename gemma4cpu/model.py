@@ -307,7 +307,7 @@ class Model:
         weights need new memory: counted in the memory check, and skipped in 'auto' mode (refused
         with '1') when it does not fit."""
         rp = self.repack
-        ok, why = repack.decide(rp.mode)
+        ok, why = repack.decide(rp.mode, self._speculative)
         if ok and not copied:
             need = repack.new_bytes(self.w, copied)
             if need:
@@ -335,19 +335,21 @@ class Model:
                  threads_batch: int | None = None, numa: str = "auto", numa_nodes: list[int] | None = None,
                  smt: bool = False, mmap: bool = True, mlock: bool = False, thp: bool = False, topology=None,
                  max_draft: int = 16, max_batch: int = 256, progress: bool = True, mem_limit=None,
-                 swa_full: bool = False, memory_extra: dict | None = None):
+                 swa_full: bool = False, memory_extra: dict | None = None, speculative: bool = False):
         """path: a GGUF file (or an already parsed GGUFFile). progress: print stage messages on
         stderr if loading takes more than a second. mem_limit: bytes (or '8G') this model may use,
         instead of the available memory (gemma4cpu.memory; GEMMA4CPU_MEM_LIMIT does the same).
         swa_full: sliding layers keep the whole context (KVCache swa_full). memory_extra: {name:
         bytes} the caller will hold beside the model (an assistant, ring checkpoints), counted in
-        the memory check."""
+        the memory check. speculative: the caller will verify draft batches (GEMMA4CPU_REPACK=auto
+        then keeps Q4_K in row layout; gemma4cpu.repack)."""
         n_ctx = check_int("n_ctx", n_ctx, 1, MAX_CTX)
         max_batch = check_int("max_batch", max_batch, 1, 1 << 16)
         max_draft = check_int("max_draft", max_draft, 0, 1 << 10)
         kv_type_id(cache_type_k), kv_type_id(cache_type_v)  # refuse an unknown cache type before loading
         layer_loop = layer_loop_from_env()
         self.repack = repack.Report(mode=repack.mode_from_env())  # a bad value is refused before loading
+        self._speculative = bool(speculative)
         tune_malloc()
         pr = _LoadProgress(getattr(path, "path", path), progress)
         summary = None

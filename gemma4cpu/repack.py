@@ -18,8 +18,12 @@ memory (gemma4cpu.placement.place), and the file pages they came from are droppe
 process (MADV_DONTNEED; they stay in the page cache).
 
 GEMMA4CPU_REPACK: 'auto' (default: repack when the active kernel table is avx2, where it was
-measured), '1' (whenever the active table has the R8 product: also avx512 / amx / ref, for tests
-and measurements), '0' (never)."""
+measured, and the model is not loaded for speculative decoding), '1' (whenever the active table has
+the R8 product: also avx512 / amx / ref, for tests and measurements), '0' (never). Speculative
+decoding is left out of 'auto' because its verify batches were measured slower on R8 here: on the
+31B-shaped 12-layer file with replayed drafts (84 % hits, 3 per round, 2 threads) 4.60 / 3.93
+against 5.33 / 5.16 tokens/s in two alternating pairs, while plain decoding gained (tg32 medians
+3.26 / 3.46 / 3.64 against 3.11 / 3.08 / 3.34 tokens/s in three pairs)."""
 from __future__ import annotations
 
 import mmap as _mmap
@@ -32,7 +36,7 @@ from gemma4cpu import isa as isa_mod
 from gemma4cpu import kernels as K
 
 ENV = "GEMMA4CPU_REPACK"
-CHOICES = {"auto": "default: repack Q4_K matrices when the active kernel table is avx2",
+CHOICES = {"auto": "default: repack Q4_K matrices on the avx2 table unless decoding speculatively",
            "1": "repack whenever the active table has the Q4_K_R8 product",
            "0": "never repack"}
 Q4_K = K.TYPE_IDS["Q4_K"]
@@ -73,13 +77,16 @@ def candidates(weights) -> list:
     return out
 
 
-def decide(mode: str) -> tuple[bool, str]:
-    """(repack?, why not) for a mode and the active kernel table."""
+def decide(mode: str, speculative: bool = False) -> tuple[bool, str]:
+    """(repack?, why not) for a mode, the active kernel table and whether the model will verify
+    draft batches (see the module docstring)."""
     if mode == "0":
         return False, f"{ENV}=0"
     table = isa_mod.active()
     if mode == "auto" and table != "avx2":
         return False, f"the active kernel table is {table} (auto repacks on avx2 only; {ENV}=1 forces it)"
+    if mode == "auto" and speculative:
+        return False, f"speculative decoding (its verify batches ran slower repacked; {ENV}=1 forces it)"
     return True, ""
 
 

@@ -168,3 +168,23 @@ def test_repack_mode_is_read_and_bad_values_refused(real_path, monkeypatch):
             assert m.repack.done == (name == "avx2"), (name, m.repack.line())
             if name != "avx2":
                 assert name in m.repack.why
+
+
+def test_auto_leaves_speculative_engines_in_row_layout(real_path, monkeypatch):
+    """'auto' repacks a plain engine's target on the avx2 table, not one that will verify drafts
+    (ngram here; an MTP drafter the same way); '1' repacks both."""
+    if "avx2" not in isa_mod.available():
+        pytest.skip("auto repacks on the avx2 table only")
+    from gemma4cpu.engine import Engine
+    with isa_mod.use("avx2"):
+        monkeypatch.setenv("GEMMA4CPU_REPACK", "auto")
+        assert Engine(real_path, n_ctx=64, threads=1, progress=False).model.repack.done
+        e = Engine(real_path, n_ctx=64, threads=1, progress=False, spec_type="ngram")
+        assert not e.model.repack.done and "speculative" in e.model.repack.why
+        monkeypatch.setenv("GEMMA4CPU_REPACK", "1")
+        e = Engine(real_path, n_ctx=64, threads=1, progress=False, spec_type="ngram")
+        assert e.model.repack.done
+        # speculative output equals plain output with the repacked target too
+        ids = e.tokenize("The capital of France is")
+        plain = e.generate(ids, max_tokens=12, spec_type="none").tokens
+        assert e.generate(ids, max_tokens=12, spec_type="ngram", draft_max=4).tokens == plain

@@ -11,13 +11,14 @@
  * kernel for one token (bench/experiments/q4k_r8.c); 2..4 tokens share each code load. Each
  * superblock prefetches the one two ahead (18 lines): from memory, one token 1.70 -> 1.40 ns per
  * row x 32-block, one thread (distances 1 / 2 / 4: 1.45 / 1.40 / 1.40).
- * Tokens go in chunks of 4; the pool (csrc/g4_dispatch.c) sends more than 16 tokens to the
+ * Tokens go in chunks of 4; the pool (csrc/g4_dispatch.c) sends more than 12 tokens to the
  * row-layout kernels on unpacked L2 chunks instead. */
 #include <string.h>
 
 #include "avx2.h"
 
 #define G4_AI static inline __attribute__((always_inline))
+#define G4_R8_PF 2 /* prefetch distance in superblocks */
 
 /* per-lane int16 pair [v, v] of byte j (0..3) of each dword */
 G4_AI __m256i r8_bsel(__m256i v, int j) {
@@ -59,7 +60,7 @@ G4_AI void r8_group(const block_q4_K_r8 *B, int64_t nb, const block_q8_K *const 
     for (int64_t b = 0; b < nb; b++) {
         const block_q4_K_r8 *k = &B[b];
         { /* two superblocks ahead (the next group's first ones at the end: contiguous) */
-            const char *pf = (const char *)&B[b + 2];
+            const char *pf = (const char *)&B[b + G4_R8_PF];
             for (int l = 0; l < (int)sizeof(block_q4_K_r8); l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
         }
         __m256i S[4];
