@@ -278,6 +278,8 @@ def render_md(header: dict, results: list[dict], llama: dict) -> str:
         lines.append(f"pinning  {t} threads: " + ", ".join(f"w{w}->cpu{c}" for w, c, *_ in plan))
     for t, plan in header.get("numa", {}).get("plans", {}).items():     # the resolved mode first, then pools
         lines += [f"placement {t} threads: {x.strip()}" for x in plan]
+    for t, line in header.get("repack", {}).items():                    # gemma4cpu.repack: Q4_K layout
+        lines.append(f"weights  {t} threads: {line}")
     lines.append(f"config   {header['config']}")
     if llama.get("skipped"):
         lines.append(f"llama.cpp skipped: {llama['skipped']}")
@@ -446,7 +448,7 @@ def main(argv=None) -> int:
             log("note: " + llama["skipped"])
     n_ctx = a.ctx_size or max([64] + [x + 8 for x in pps] + [x + 200 for x in tgs])
     results: list[dict] = []
-    pin_plans = {}
+    pin_plans, repacks = {}, {}
     numa_modes, numa_plans = {}, {}
     name = os.path.basename(path)
     t_start = time.perf_counter()
@@ -470,6 +472,7 @@ def main(argv=None) -> int:
         pin_plans[str(t)] = _pin_plan(eng)
         np_ = eng.model.numa_plan
         numa_modes[str(t)], numa_plans[str(t)] = np_.mode, np_.describe()
+        repacks[str(t)] = eng.model.repack.line()
         log(f"[{t} threads on CPUs {cp}]")
         for n in pps:
             row("gemma4cpu", t, cp, f"pp{n}", n, 0, bench_pp(eng, n, a.repetitions))
@@ -504,7 +507,7 @@ def main(argv=None) -> int:
                 + (f", threads-batch={a.threads_batch}" if a.threads_batch else "") + (", smt" if a.smt else "")
                 + (", thp" if a.thp else ""))
     header = {"tool": "python -m gemma4cpu.bench", "model": path, "draft": draft, "machine": machine(),
-              "pin_plans": pin_plans,
+              "pin_plans": pin_plans, "repack": repacks,
               "numa": {"requested": a.numa, "numa_nodes": nkw["numa_nodes"], "threads_batch": a.threads_batch,
                        "smt": a.smt, "thp": a.thp, "resolved": numa_modes, "plans": numa_plans},
               "config": f"runs={a.repetitions} (mean ± stddev of t/s after 1 warm-up), threads={threads}, "

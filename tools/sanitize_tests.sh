@@ -23,7 +23,7 @@ if [ "${1:-}" = "--fuzz" ]; then FUZZ=$2; shift 2; fi
 TESTS=(tests/test_blocks.py tests/test_dequant.py tests/test_quant.py tests/test_kernels.py tests/test_ops.py
        tests/test_flash_attn.py tests/test_kv_cache.py tests/test_pool.py tests/test_dispatch.py
        tests/test_tokenizer.py tests/test_gguf_io.py tests/test_hostile_files.py tests/test_fuzz.py
-       tests/test_layer_loop_synth.py)
+       tests/test_layer_loop_synth.py tests/test_q4k_r8.py)
 
 t0=$(date +%s)
 echo "sanitizer build in $SAN (from $ROOT, python $PY)"
