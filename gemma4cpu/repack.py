@@ -67,10 +67,12 @@ def mode_from_env() -> str:
 
 
 def candidates(weights) -> list:
-    """The matrices this module repacks (see the module docstring), in layer order."""
+    """The matrices this module repacks (see the module docstring), in layer order. `weights` has
+    `.layers` whose items may lack some of the seven (an MTP assistant's have no attn_k / attn_v)."""
     out = []
+    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     for lw in weights.layers:
-        for m in (lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate, lw.ffn_up, lw.ffn_down):
+        for m in (getattr(lw, n, None) for n in names):
             if m is not None and m.type_id == Q4_K and m.n_out % 8 == 0 and m.rows.shape[0] == m.n_out \
                     and m.rows.shape[1] == m.n_in // 256 * 144 and all(m is not o for o in out):
                 out.append(m)
@@ -166,7 +168,7 @@ def apply(weights, copied: bool, workers: int = 1, file_map=None, report: Report
         m.rows = dst
         m.type_id = K.Q4_K_R8
         rep.bytes += sum(d.nbytes for _, d in pairs)
-        rep.new_bytes += 0 if copied else dst.nbytes
+    rep.new_bytes = 0 if buf is None else buf.nbytes
     rep.mats = len(jobs)
     rep.done = bool(jobs)
     rep.why = "in place (copied weights)" if copied else "into new memory (the mapped pages dropped)"
