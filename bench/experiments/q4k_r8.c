@@ -1,5 +1,9 @@
 /* Experiment (not used by the engine): Q4_K in an 8-row interleaved layout ("R8"), one token and
  * 2..4-token products, against the row-layout avx2 kernel of this tree, bit-identical outputs.
+ * Kept as measured. The engine's version (csrc/avx2/gemm_q4k_r8_avx2.c, G4_TYPE_Q4_K_R8) differs:
+ * its row groups go outside the token chunks (gemm_r8 below re-streams every row per 4-token
+ * chunk, which only an L2-resident test hides), its 4-token chunk keeps fewer vectors live (this
+ * one spills), and it prefetches two superblocks ahead.
  *
  * Layout, per group of 8 rows and superblock (1152 B, the same bytes as 8 row blocks): the 8 d,
  * the 8 dmin, the 12 scale bytes of each row as 3 dwords transposed (a[w][row]), then the codes of
