@@ -74,6 +74,25 @@ typedef struct {
     uint32_t q[4][8][8];
 } block_q4_K_r8;
 static_assert(sizeof(block_q4_K_r8) == 8 * sizeof(block_q4_K), "block_q4_K_r8 size");
+/* The layout's one definition, per row `lane` (0..7) of a group's superblock: its d, dmin and scale
+ * bytes (head), and its codes. Repacking, unpacking and the reference product all go through these. */
+static inline void g4_r8_get_head(const block_q4_K_r8 *s, int lane, block_q4_K *o) {
+    o->d = s->d[lane];
+    o->dmin = s->dmin[lane];
+    for (int w = 0; w < 3; w++) memcpy(o->scales + 4 * w, &s->a[w][lane], 4);
+}
+static inline void g4_r8_get(const block_q4_K_r8 *s, int lane, block_q4_K *o) {
+    g4_r8_get_head(s, lane, o);
+    for (int g = 0; g < 4; g++)
+        for (int i = 0; i < 8; i++) memcpy(o->qs + 32 * g + 4 * i, &s->q[g][i][lane], 4);
+}
+static inline void g4_r8_put(const block_q4_K *s, int lane, block_q4_K_r8 *o) {
+    o->d[lane] = s->d;
+    o->dmin[lane] = s->dmin;
+    for (int w = 0; w < 3; w++) memcpy(&o->a[w][lane], s->scales + 4 * w, 4);
+    for (int g = 0; g < 4; g++)
+        for (int i = 0; i < 8; i++) memcpy(&o->q[g][i][lane], s->qs + 32 * g + 4 * i, 4);
+}
 
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");

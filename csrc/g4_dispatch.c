@@ -230,63 +230,34 @@ g4_gemm_fn g4_type_gemm(const g4_kernels *k, int t) {
 /* one group of 8 rows: rows (8 x row_bytes, row layout) -> g (R8), or back */
 static void r8_pack_group(const uint8_t *rows, size_t wrb, int64_t nb, block_q4_K_r8 *g) {
     for (int r = 0; r < 8; r++)
-        for (int64_t b = 0; b < nb; b++) {
-            const block_q4_K *s = (const block_q4_K *)(rows + (size_t)r * wrb) + b;
-            block_q4_K_r8 *o = &g[b];
-            o->d[r] = s->d;
-            o->dmin[r] = s->dmin;
-            for (int w = 0; w < 3; w++) memcpy(&o->a[w][r], s->scales + 4 * w, 4);
-            for (int q = 0; q < 4; q++)
-                for (int i = 0; i < 8; i++) memcpy(&o->q[q][i][r], s->qs + 32 * q + 4 * i, 4);
-        }
+        for (int64_t b = 0; b < nb; b++) g4_r8_put((const block_q4_K *)(rows + (size_t)r * wrb) + b, r, &g[b]);
 }
 
 static void r8_unpack_group(const block_q4_K_r8 *g, int64_t nb, uint8_t *rows, size_t wrb) {
     for (int r = 0; r < 8; r++)
-        for (int64_t b = 0; b < nb; b++) {
-            block_q4_K *o = (block_q4_K *)(rows + (size_t)r * wrb) + b;
-            const block_q4_K_r8 *s = &g[b];
-            o->d = s->d[r];
-            o->dmin = s->dmin[r];
-            for (int w = 0; w < 3; w++) memcpy(o->scales + 4 * w, &s->a[w][r], 4);
-            for (int q = 0; q < 4; q++)
-                for (int i = 0; i < 8; i++) memcpy(o->qs + 32 * q + 4 * i, &s->q[q][i][r], 4);
-        }
+        for (int64_t b = 0; b < nb; b++) g4_r8_get(&g[b], r, (block_q4_K *)(rows + (size_t)r * wrb) + b);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+/* g4_x86_256.h's helpers compiled for AVX2 here (this file has baseline flags; the one caller
+ * below runs only where CPUID reports AVX2) */
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#include "g4_x86_256.h"
+#pragma GCC pop_options
 /* the same bytes with AVX2: each 32-byte code group is an 8 x 8 dword transpose (q[g][i][row] ->
- * row's qs[32g + 4i]); d, dmin and the scale dwords one row at a time */
+ * row's qs[32g + 4i], g4_tr8x8_epi32); d, dmin and the scale dwords one row at a time */
 __attribute__((target("avx2"))) static void r8_unpack_group_avx2(const block_q4_K_r8 *g, int64_t nb, uint8_t *rows,
                                                                 size_t wrb) {
     for (int64_t b = 0; b < nb; b++) {
         const block_q4_K_r8 *s = &g[b];
-        for (int r = 0; r < 8; r++) {
-            block_q4_K *o = (block_q4_K *)(rows + (size_t)r * wrb) + b;
-            o->d = s->d[r];
-            o->dmin = s->dmin[r];
-            for (int w = 0; w < 3; w++) memcpy(o->scales + 4 * w, &s->a[w][r], 4);
-        }
+        for (int r = 0; r < 8; r++) g4_r8_get_head(s, r, (block_q4_K *)(rows + (size_t)r * wrb) + b);
         for (int q = 0; q < 4; q++) {
-            __m256i v[8];
+            __m256i v[8], c[8];
             for (int i = 0; i < 8; i++) v[i] = _mm256_loadu_si256((const __m256i *)s->q[q][i]);
-            const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
-            const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
-            const __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
-            const __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
-            const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-            const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-            const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-            const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-            /* u0 = rows 0 | 4 of dwords 0-3, u1 = rows 1 | 5, u2 = rows 2 | 6, u3 = rows 3 | 7; u4-u7: dwords 4-7 */
-            const __m256i lo[4] = {u0, u1, u2, u3}, hi[4] = {u4, u5, u6, u7};
-            for (int r = 0; r < 4; r++) {
-                block_q4_K *o0 = (block_q4_K *)(rows + (size_t)r * wrb) + b;
-                block_q4_K *o1 = (block_q4_K *)(rows + (size_t)(r + 4) * wrb) + b;
-                _mm256_storeu_si256((__m256i *)(o0->qs + 32 * q), _mm256_permute2x128_si256(lo[r], hi[r], 0x20));
-                _mm256_storeu_si256((__m256i *)(o1->qs + 32 * q), _mm256_permute2x128_si256(lo[r], hi[r], 0x31));
-            }
+            g4_tr8x8_epi32(v, c); /* c[r] lane i = dword r of v[i] = row r's dword i */
+            for (int r = 0; r < 8; r++)
+                _mm256_storeu_si256((__m256i *)(((block_q4_K *)(rows + (size_t)r * wrb) + b)->qs + 32 * q), c[r]);
         }
     }
 }

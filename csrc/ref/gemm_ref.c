@@ -114,13 +114,7 @@ G4_Q32_GEMM_REF(g4_gemm_q8_0_q8_0_ref, block_q8_0, g4_q8_0_q)
 
 /* row r's superblock b of Q4_K_R8 weights, gathered back into a block_q4_K */
 static inline const block_q4_K *g4_r8_block(const void *w, size_t wrb, int64_t r, int64_t b, block_q4_K *o) {
-    const block_q4_K_r8 *g = (const block_q4_K_r8 *)ROW(w, r & ~(int64_t)7, wrb) + b;
-    const int l = (int)(r & 7);
-    o->d = g->d[l];
-    o->dmin = g->dmin[l];
-    for (int i = 0; i < 3; i++) memcpy(o->scales + 4 * i, &g->a[i][l], 4);
-    for (int q = 0; q < 4; q++)
-        for (int i = 0; i < 8; i++) memcpy(o->qs + 32 * q + 4 * i, &g->q[q][i][l], 4);
+    g4_r8_get((const block_q4_K_r8 *)ROW(w, r & ~(int64_t)7, wrb) + b, (int)(r & 7), o);
     return o;
 }
 
