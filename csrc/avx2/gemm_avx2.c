@@ -359,7 +359,7 @@ static void g4_build_x4k(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64
         const __m256i wl = _mm256_permute2x128_si256(V, V, 0x00), wh = _mm256_permute2x128_si256(V, V, 0x11); \
         const __m256i *x0 = (const __m256i *)(xk0 + 512 * b + 64 * (SB));                         \
         const __m256i *x1 = (const __m256i *)(xk1 + 512 * b + 64 * (SB));                         \
-        __m256i a0 = _mm256_setzero_si256(), a1 = a0;                                              \
+        __m256i a0, a1;                                                                            \
         G4_XK_J(0) G4_XK_J(1) G4_XK_J(2) G4_XK_J(3) G4_XK_J(4) G4_XK_J(5) G4_XK_J(6) G4_XK_J(7)    \
         S0 = _mm256_add_epi32(S0, _mm256_madd_epi16(a0, SC));                                      \
         S1 = _mm256_add_epi32(S1, _mm256_madd_epi16(a1, SC));                                      \
@@ -367,8 +367,12 @@ static void g4_build_x4k(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64
 #define G4_XK_J(J)                                                                                 \
     {                                                                                              \
         const __m256i wb = _mm256_shuffle_epi32(J < 4 ? wl : wh, (J % 4) * 0x55);                  \
-        a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(wb, _mm256_load_si256(x0 + J)));            \
-        a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(wb, _mm256_load_si256(x1 + J)));            \
+        const __m256i q0 = _mm256_maddubs_epi16(wb, _mm256_load_si256(x0 + J));                    \
+        const __m256i q1 = _mm256_maddubs_epi16(wb, _mm256_load_si256(x1 + J));                    \
+        if (J == 0) a0 = q0, a1 = q1;                                                              \
+        else a0 = _mm256_add_epi16(a0, q0), a1 = _mm256_add_epi16(a1, q1);                         \
+        G4_KEEP(a0);                                                                               \
+        G4_KEEP(a1);                                                                               \
     }
 static inline __attribute__((always_inline)) __m256i g4_k45_mins8(const __m256i *mb, __m128i m16) {
     return _mm256_add_epi32(
@@ -612,12 +616,21 @@ static inline __attribute__((always_inline)) void g4_q6_K_tok(const block_q6_K *
  * 2 x 63 x 128, so int16 sums cover 2 dwords (32256 < 2^15); each 16-element sub-block (4 dwords)
  * is two madds by its scale. The -32 offset: 32 sum_j sc_j bsum_j(t), from the bias table b6
  * (token lanes of the bsum pairs) by madd with the scale pairs. Same integers as TOK, TOK's float ops. */
-#define G4_Q6X_HALF(W, SC, XC, D0)                                                                 \
-    _mm256_add_epi32(                                                                              \
-        _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0x00), _mm256_load_si256(XC + D0)), \
-                                           _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0x55), _mm256_load_si256(XC + D0 + 1))), SC), \
-        _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0xaa), _mm256_load_si256(XC + D0 + 2)), \
-                                           _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0xff), _mm256_load_si256(XC + D0 + 3))), SC))
+/* dwords D, D + 1 of both chunks: int16 pair sums (exact, see above) widened by madd with the
+ * sub-block scale; the accumulators are pinned after each step (else GCC hoists all 16 products
+ * of a chunk pair and spills) */
+#define G4_Q6X_2(W, SC, D)                                                                         \
+    {                                                                                              \
+        const __m256i w0 = _mm256_shuffle_epi32(W, ((D) % 4) * 0x55), w1 = _mm256_shuffle_epi32(W, ((D) % 4 + 1) * 0x55); \
+        const __m256i u0 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_load_si256(x0 + (D))),  \
+                                            _mm256_maddubs_epi16(w1, _mm256_load_si256(x0 + (D) + 1))); \
+        const __m256i u1 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_load_si256(x1 + (D))),  \
+                                            _mm256_maddubs_epi16(w1, _mm256_load_si256(x1 + (D) + 1))); \
+        S0 = _mm256_add_epi32(S0, _mm256_madd_epi16(u0, SC));                                      \
+        S1 = _mm256_add_epi32(S1, _mm256_madd_epi16(u1, SC));                                      \
+        G4_KEEP(S0);                                                                               \
+        G4_KEEP(S1);                                                                               \
+    }
 static inline __attribute__((always_inline)) void g4_q6_K_tokx2(const block_q6_K *wr, int64_t nb, const uint32_t *xk0,
     const uint32_t *xk1, float *y0, float *y1, int64_t ldy, int64_t r, const __m256i *mt0, const __m256i *mt1,
     const uint32_t *b60, const uint32_t *b61, const float *dx0, const float *dx1, int first, const int NT1) {
@@ -633,8 +646,7 @@ static inline __attribute__((always_inline)) void g4_q6_K_tokx2(const block_q6_K
             const __m256i sa = _mm256_set1_epi16((short)(int8_t)wb->scales[2 * i]);
             const __m256i sb = _mm256_set1_epi16((short)(int8_t)wb->scales[2 * i + 1]);
             const __m256i *x0 = (const __m256i *)(xk0 + 512 * b + 64 * i), *x1 = (const __m256i *)(xk1 + 512 * b + 64 * i);
-            S0 = _mm256_add_epi32(S0, _mm256_add_epi32(G4_Q6X_HALF(wl, sa, x0, 0), G4_Q6X_HALF(wh, sb, x0, 4)));
-            S1 = _mm256_add_epi32(S1, _mm256_add_epi32(G4_Q6X_HALF(wl, sa, x1, 0), G4_Q6X_HALF(wh, sb, x1, 4)));
+            G4_Q6X_2(wl, sa, 0) G4_Q6X_2(wl, sa, 2) G4_Q6X_2(wh, sb, 4) G4_Q6X_2(wh, sb, 6)
         }
         /* bias: sum_p madd((bsum_2p, bsum_2p+1) of 8 tokens, (sc_2p, sc_2p+1)) */
         __m256i B0 = _mm256_setzero_si256(), B1 = B0;
@@ -891,8 +903,11 @@ static void g4_build_x4(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_
         const __m256i wb = _mm256_shuffle_epi32(W, (J % 4) * 0x55);                                \
         const __m256i q0 = _mm256_maddubs_epi16(wb, _mm256_load_si256(x0 + J));                   \
         const __m256i q1 = _mm256_maddubs_epi16(wb, _mm256_load_si256(x1 + J));                   \
-        if (J < 4) a0 = _mm256_add_epi16(a0, q0), a1 = _mm256_add_epi16(a1, q1);                   \
+        if (J == 0) a0 = q0, a1 = q1;                                                              \
+        else if (J == 4) b0_ = q0, b1 = q1;                                                        \
+        else if (J < 4) a0 = _mm256_add_epi16(a0, q0), a1 = _mm256_add_epi16(a1, q1);              \
         else b0_ = _mm256_add_epi16(b0_, q0), b1 = _mm256_add_epi16(b1, q1);                       \
+        if (J < 4) { G4_KEEP(a0); G4_KEEP(a1); } else { G4_KEEP(b0_); G4_KEEP(b1); }               \
     }
 #define G4_Q32_TOKX2(PFX, BT, UVALS, OFF)                                                          \
     static inline __attribute__((always_inline)) void PFX##_tokx2(const BT *wr, int64_t nb, const uint32_t *xi0, \
@@ -905,7 +920,7 @@ static void g4_build_x4(const uint8_t *x, size_t xrb, int nt, int64_t b0, int64_
             const __m256i wu = UVALS(&wr[b]);                                                      \
             const __m256i wl = _mm256_permute2x128_si256(wu, wu, 0x00), wh = _mm256_permute2x128_si256(wu, wu, 0x11); \
             const __m256i *x0 = (const __m256i *)(xi0 + 64 * b), *x1 = (const __m256i *)(xi1 + 64 * b); \
-            __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0_ = a0, b1 = a0;                       \
+            __m256i a0, a1, b0_, b1;                                                               \
             G4_X4_STEP(wl, 0) G4_X4_STEP(wl, 1) G4_X4_STEP(wl, 2) G4_X4_STEP(wl, 3)                \
             G4_X4_STEP(wh, 4) G4_X4_STEP(wh, 5) G4_X4_STEP(wh, 6) G4_X4_STEP(wh, 7)                \
             const __m256i S0 = OFF == 8 ? _mm256_madd_epi16(_mm256_add_epi16(a0, b0_), one)        \
@@ -932,6 +947,8 @@ G4_Q32_TOKX2(g4_q4_0, block_q4_0, g4_q4_0_uvals, 8)
         const __m256i wa = _mm256_shuffle_epi32(J < 4 ? al : ah, (J % 4) * 0x55);                  \
         S0 = _mm256_add_epi32(S0, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(_mm256_load_si256(x0 + J), ws)), one)); \
         S1 = _mm256_add_epi32(S1, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(_mm256_load_si256(x1 + J), ws)), one)); \
+        G4_KEEP(S0);                                                                               \
+        G4_KEEP(S1);                                                                               \
     }
 static inline __attribute__((always_inline)) void g4_q8_0_tokx2(const block_q8_0 *wr, int64_t nb, const uint32_t *xi0,
     const uint32_t *xi1, float *y0, float *y1, int64_t ldy, int64_t r, const float *dx0, const float *dx1,
