@@ -1,6 +1,7 @@
 """Smoke tests of the bench tooling itself (CPU-list parsing, the bandwidth probe at a tiny size,
-a tiny end-to-end kernel bench). Collected only with `pytest bench/`; `--benchmark-only` skips
-them. They check that the tools run and produce sane output, never how fast anything is."""
+a tiny end-to-end kernel bench), part of the normal test run (they lived in bench/, which the test
+command does not collect). They check that the tools run and produce sane output, never how fast
+anything is."""
 from __future__ import annotations
 
 import json
