@@ -169,6 +169,25 @@ def _write_tensors(w: gguf.GGUFWriter, tensors, rng: np.random.Generator, progre
     w.close()
 
 
+def _add_attention_keys(w, a: str, m: dict, shared_kv_layers: int) -> None:
+    """The attention and RoPE keys a target and an assistant write alike (prefix `a`, plan `m`)."""
+    w.add_uint32(a + "attention.head_count", m["Hq"])
+    if m["kv_swa"] == m["kv_full"]:
+        w.add_uint32(a + "attention.head_count_kv", m["kv_swa"])
+    else:
+        w.add_array(a + "attention.head_count_kv", [m["kv_swa"] if s else m["kv_full"] for s in m["is_swa"]])
+    for key, v in (("key_length", m["hd_full"]), ("value_length", m["hd_full"]), ("key_length_swa", m["hd_swa"]),
+                   ("value_length_swa", m["hd_swa"]), ("sliding_window", m["W"])):
+        w.add_uint32(a + "attention." + key, v)
+    w.add_array(a + "attention.sliding_window_pattern", [bool(s) for s in m["is_swa"]])
+    w.add_uint32(a + "attention.shared_kv_layers", shared_kv_layers)
+    w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32(a + "rope.freq_base", 1e6)
+    w.add_float32(a + "rope.freq_base_swa", 1e4)
+    w.add_uint32(a + "rope.dimension_count", m["hd_full"])
+    w.add_uint32(a + "rope.dimension_count_swa", m["hd_swa"])
+
+
 def write(path: str, shape: str, n_layers: int | None = None, mix: str = "q4_k_m", seed: int = 0,
           progress=True, vocab: int = VOCAB) -> str:
     if shape not in SHAPES:
@@ -190,23 +209,7 @@ def write(path: str, shape: str, n_layers: int | None = None, mix: str = "q4_k_m
         w.add_uint32(a + "feed_forward_length", m["ffs"][0])
     else:
         w.add_array(a + "feed_forward_length", m["ffs"])
-    w.add_uint32(a + "attention.head_count", m["Hq"])
-    if m["kv_swa"] == m["kv_full"]:
-        w.add_uint32(a + "attention.head_count_kv", m["kv_swa"])
-    else:
-        w.add_array(a + "attention.head_count_kv", [m["kv_swa"] if s else m["kv_full"] for s in m["is_swa"]])
-    w.add_uint32(a + "attention.key_length", m["hd_full"])
-    w.add_uint32(a + "attention.value_length", m["hd_full"])
-    w.add_uint32(a + "attention.key_length_swa", m["hd_swa"])
-    w.add_uint32(a + "attention.value_length_swa", m["hd_swa"])
-    w.add_uint32(a + "attention.sliding_window", m["W"])
-    w.add_array(a + "attention.sliding_window_pattern", [bool(s) for s in m["is_swa"]])
-    w.add_uint32(a + "attention.shared_kv_layers", m["shared"])
-    w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32(a + "rope.freq_base", 1e6)
-    w.add_float32(a + "rope.freq_base_swa", 1e4)
-    w.add_uint32(a + "rope.dimension_count", m["hd_full"])
-    w.add_uint32(a + "rope.dimension_count_swa", m["hd_swa"])
+    _add_attention_keys(w, a, m, m["shared"])
     w.add_uint32(a + "embedding_length_per_layer_input", m["ple"])
     w.add_float32(a + "final_logit_softcapping", 30.0)
     if m["n_expert"]:
@@ -275,23 +278,7 @@ def write_assistant(path: str, shape: str = "31B", mix: str = "q4_k_m", seed: in
     w.add_uint32(a + "embedding_length", m["D"])
     w.add_uint32(a + "block_count", m["L"])
     w.add_uint32(a + "feed_forward_length", m["ff"])
-    w.add_uint32(a + "attention.head_count", m["Hq"])
-    if m["kv_swa"] == m["kv_full"]:
-        w.add_uint32(a + "attention.head_count_kv", m["kv_swa"])
-    else:
-        w.add_array(a + "attention.head_count_kv", [m["kv_swa"] if s else m["kv_full"] for s in m["is_swa"]])
-    w.add_uint32(a + "attention.key_length", m["hd_full"])
-    w.add_uint32(a + "attention.value_length", m["hd_full"])
-    w.add_uint32(a + "attention.key_length_swa", m["hd_swa"])
-    w.add_uint32(a + "attention.value_length_swa", m["hd_swa"])
-    w.add_uint32(a + "attention.sliding_window", m["W"])
-    w.add_array(a + "attention.sliding_window_pattern", [bool(s) for s in m["is_swa"]])
-    w.add_uint32(a + "attention.shared_kv_layers", m["L"])
-    w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32(a + "rope.freq_base", 1e6)
-    w.add_float32(a + "rope.freq_base_swa", 1e4)
-    w.add_uint32(a + "rope.dimension_count", m["hd_full"])
-    w.add_uint32(a + "rope.dimension_count_swa", m["hd_swa"])
+    _add_attention_keys(w, a, m, m["L"])
     w.add_uint32(a + "embedding_length_per_layer_input", 0)
     w.add_uint32(a + "embedding_length_out", m["Dt"])
     w.add_uint32(a + "nextn_predict_layers", m["L"])
