@@ -96,7 +96,7 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-# ---- the cost model (pure arithmetic; bench/test_bench_tools.py tests it) ---------------------
+# ---- the cost model (pure arithmetic; tests/test_bench_tools.py tests it) ---------------------
 
 def expected_tokens(a: float, k: int) -> float:
     """Tokens per round with k drafts, each right with probability a independently and accepted
