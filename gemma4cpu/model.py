@@ -309,7 +309,7 @@ class Model:
         rp = self.repack
         ok, why = repack.decide(rp.mode, self._speculative)
         if ok and not copied:
-            need = repack.new_bytes(self.w, False)
+            need = repack.new_bytes(self.w)
             if need:
                 p = dataclasses.replace(self.memory_plan, extra={**self.memory_plan.extra,
                                                                  "repacked Q4_K weights": need})

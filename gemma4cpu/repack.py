@@ -96,10 +96,10 @@ def _page_up(n: int) -> int:
     return -(-n // _mmap.PAGESIZE) * _mmap.PAGESIZE
 
 
-def new_bytes(weights, copied: bool) -> int:
-    """Anonymous memory the repack allocates: 0 in place (copied weights), else the matrices' bytes
-    (each rounded up to whole pages)."""
-    return 0 if copied else sum(_page_up(m.rows.nbytes) for m in candidates(weights))
+def new_bytes(weights) -> int:
+    """Anonymous memory a repack of mapped weights allocates: the matrices' bytes, each rounded up to
+    whole pages (copied weights are repacked in place and need none)."""
+    return sum(_page_up(m.rows.nbytes) for m in candidates(weights))
 
 
 def _addr(a: np.ndarray) -> int:
@@ -118,7 +118,7 @@ def apply(weights, copied: bool, workers: int = 1, file_map=None, report: Report
     jobs = []   # (mat, [(src, dst)])
     buf, off = None, 0
     if not copied and mats:
-        buf = AnonBuffer(max(1, new_bytes(weights, False)), huge=True)
+        buf = AnonBuffer(max(1, new_bytes(weights)), huge=True)
         rep.buffer = buf
     for m in mats:
         if copied:
