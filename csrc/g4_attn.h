@@ -50,19 +50,22 @@ typedef void (*g4_attn_fn)(const g4_attn_args *a, int64_t i0, int64_t i1, int h0
 typedef struct {
     const char *isa;
     g4_attn_fn flash_attn;
+    int block; /* slots per block of this kernel (<= G4_ATTN_BLOCK): part of its operation sequence */
 } g4_attn_kernels;
 
 extern const g4_attn_kernels g4_attn_ref;
 extern const g4_attn_kernels g4_attn_avx2;
 extern const g4_attn_kernels g4_attn_avx512;
 
-/* Slots are visited in blocks of G4_ATTN_BLOCK (fixed boundaries s0 = 0, 64, 128, ...); the
+/* Slots are visited in blocks of a table's `block` slots (fixed boundaries s0 = 0, block,
+ * 2 block, ...; ref and avx512 64 = G4_ATTN_BLOCK, the largest; avx2 32, so that a block's K and V
+ * rows of a 256-dim f16 head fit the 32 KiB L1D of the AVX2 cores it was measured on); the
  * online-softmax rescale happens once per block that holds a visible slot. Every (row, head)
  * runs the same operation sequence whatever n_q, [i0, i1), [h0, h1) or the thread split, so a
  * row's output never depends on the other rows of the call (bit for bit, within one ISA).
- * Query heads that share a kv head are processed together (tiles of up to G4_ATTN_HEAD_TILE; the
- * avx512 kernel's tiles take up to 8 (row, head) pairs across the rows that see the same slots) so
- * each K/V row is read once per tile; up to G4_ATTN_ROW_TILE rows sweep each block together. */
+ * Query heads that share a kv head are processed together, in tiles of (row, head) pairs across
+ * the rows that see the same slots of a block (up to G4_ATTN_HEAD_TILE pairs in avx2, 8 in avx512)
+ * so each K/V row is read once per tile; up to G4_ATTN_ROW_TILE rows sweep each block together. */
 #define G4_ATTN_BLOCK 64
 #define G4_ATTN_HEAD_TILE 4
 #define G4_ATTN_ROW_TILE 8

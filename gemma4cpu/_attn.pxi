@@ -29,6 +29,7 @@ cdef extern from "g4_attn.h" nogil:
     ctypedef struct g4_attn_kernels:
         const char *isa
         g4_attn_fn flash_attn
+        int block
     const g4_attn_kernels g4_attn_ref
     size_t g4_kv_head_bytes(int kv_type, int hd)
     size_t g4_kv_slot_bytes(int kv_type, int n_head_kv, int hd)
@@ -157,6 +158,13 @@ def attn_table_report(str name):
         raise ValueError(f"unknown ISA {name!r}")
     cdef const g4_attn_kernels *t = g4_attn_for(name.encode())
     return {"flash_attn": "ref" if t.flash_attn == g4_attn_ref.flash_attn else "simd"}
+
+
+def attn_block(str name):
+    """Slots per online-softmax block of ISA `name`'s attention (part of its operation sequence)."""
+    if name not in ISA_NAMES:
+        raise ValueError(f"unknown ISA {name!r}")
+    return g4_attn_for(name.encode()).block
 
 
 def attn_active():

@@ -17,7 +17,6 @@ from gemma4cpu.ref import ops
 from gemma4cpu.ref import quants as R
 
 U = 2.0 ** -24  # float32 unit roundoff
-BLOCK = 64      # G4_ATTN_BLOCK
 # exp's max error in ulp of the result, measured over every float in [-87.3, 0] (the only
 # arguments the kernels pass: s - max <= 0): glibc expf 0.502 (ref table), the Cephes polynomial
 # of attn_avx2.c / attn_avx512.c 1.010 (both). One ulp of y is at most 2u*y.
@@ -118,8 +117,9 @@ def attn_bound(case, isa_name, k=None, v=None):
     vis = ops.visible_mask(case.q_pos, case.kv_pos, case.window)            # (n_q, n_slots)
     n = vis.sum(axis=1).astype(np.float64)                                  # (n_q,)
     ns = vis.shape[1]
-    pad = (-ns) % BLOCK
-    nb = np.pad(vis, ((0, 0), (0, pad))).reshape(n_q, -1, BLOCK).any(axis=2).sum(axis=1)
+    block = _kernels.attn_block(isa_name)                                  # slots per block
+    pad = (-ns) % block
+    nb = np.pad(vis, ((0, 0), (0, pad))).reshape(n_q, -1, block).any(axis=2).sum(axis=1)
     q = np.abs(case.q.astype(np.float64).reshape(n_q, H, hd))
     S = np.einsum("ihd,jhd->hij", q, np.abs(kk)) * abs(case.scale)         # (H, n_q, ns)
     s_fin = np.where(vis[None], s, 0.0)
@@ -289,10 +289,18 @@ def test_bound_catches_a_wrong_value(isa, pool1, rng):
 
 
 # ---- batch invariance, ranges, threads ----------------------------------------------------------
-def test_batch_invariance(isa, pool1, rng):
-    """Row i's output is the same bits whatever other rows share the call (verify / prefill batches)."""
+@pytest.mark.parametrize("Hkv, rows", [(2, "random"), (2, "prefill"), (8, "prefill"), (1, "verify")])
+def test_batch_invariance(isa, pool1, rng, Hkv, rows):
+    """Row i's output is the same bits whatever other rows share the call (verify / prefill batches).
+    'prefill' / 'verify' rows are consecutive positions over an in-order cache, so runs of rows see
+    the same slots of most blocks and share tiles with different mates for every split."""
     n = 16
-    c = Case(rng, n_q=n, n_slots=300, H=8, Hkv=2, hd=256, window=200, q_pos=rng.integers(0, 300, n))
+    if rows == "random":
+        q_pos, kv_pos = rng.integers(0, 300, n), None
+    else:
+        q_pos, kv_pos = np.arange(300 - n, 300) if rows == "verify" else np.arange(100, 100 + n), np.arange(300)
+    c = Case(rng, n_q=n, n_slots=300, H=8, Hkv=Hkv, hd=256, window=0 if rows == "verify" else 200, q_pos=q_pos,
+             kv_pos=kv_pos)
     full = c.run(pool1)
     for size in range(1, n + 1):
         for i0 in range(0, n, size):
@@ -344,6 +352,8 @@ def test_table_report():
     for name in isa_mod.available():
         rep = _kernels.attn_table_report(name)
         assert rep == {"flash_attn": "ref" if name == "ref" else "simd"}, (name, rep)
+        # blocks: a whole number of 8-slot exp vectors, at most the 64 the headers size buffers for
+        assert _kernels.attn_block(name) in (8, 16, 32, 64), name
         with isa_mod.use(name):  # the amx table runs the avx512 attention (no tile code there)
             assert _kernels.attn_active() == ("avx512" if name == "amx" else name)
 

@@ -15,6 +15,7 @@
 #include "../g4_blocks.h"
 
 #define AI static inline __attribute__((always_inline))
+#define BLOCK 32 /* slots per block (g4_attn.h) */
 
 /* exp for x <= 88.37 (the scores here are always <= 0 after the max shift): Cephes expf
  * (n = floor(x log2 e + 1/2), r = x - n ln2 in two parts, degree-5 minimax polynomial, 2^n by
@@ -101,11 +102,6 @@ AI __m256 load8(const int type, const uint8_t *row, int64_t b, int e) {
     return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(blk->d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
 }
 
-/* Per-(row, head-tile) running state. */
-typedef struct {
-    float m[G4_ATTN_HEAD_TILE], l[G4_ATTN_HEAD_TILE];
-} row_state;
-
 typedef struct {
     const g4_attn_args *a;
     const uint8_t *K, *V;
@@ -113,16 +109,16 @@ typedef struct {
     int64_t nb;
 } tile_ctx;
 
-/* One (row, block) step for NT heads: scores, online-softmax update, V accumulation into o. */
-AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, const float *const *q, float *const *o,
-                   row_state *st, const int64_t *idx, int nv) {
+typedef float score_buf[G4_ATTN_HEAD_TILE][BLOCK + 8];
+
+/* Scores of NT heads against the nv slots idx[] of a block, scaled (and soft-capped): every head of
+ * the tile against two K rows at a time (one when a single visible slot is left); per (head, slot)
+ * one accumulator over the 8-element chunks in order (8 independent chains for 4 heads x 2 rows),
+ * the same sequence on both paths. */
+AI void scores(const int kt, const int NT, const tile_ctx *c, const float *const *q, score_buf p,
+               const int64_t *idx, int nv) {
     const g4_attn_args *a = c->a;
     const int64_t nb = c->nb;
-    float p[G4_ATTN_HEAD_TILE][G4_ATTN_BLOCK + 8] __attribute__((aligned(32)));
-    float alpha[G4_ATTN_HEAD_TILE];
-    /* scores: every head of the tile against two K rows at a time (one when a single visible slot
-     * is left); per (head, slot) one accumulator over the 8-element chunks in order (8 independent
-     * chains for 4 heads x 2 rows), the same sequence on both paths */
     int j = 0;
     for (; j + 1 < nv; j += 2) {
         const uint8_t *kr0 = c->K + (size_t)idx[j] * a->k_slot_bytes + c->koff;
@@ -161,19 +157,54 @@ AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, 
             p[t][j] = s;
         }
     }
+}
+
+/* The score loops as functions of their own, one per (K type, NT): inlined into the (K type,
+ * V type, NT) step GCC kept the 8 accumulators on the stack (a store-forward in every FMA chain). */
+#define G4_SCORES(NAME, KT, NT)                                                                 \
+    static __attribute__((noinline)) void NAME(const tile_ctx *c, const float *const *q, score_buf p, \
+                                               const int64_t *idx, int nv) {                    \
+        scores(KT, NT, c, q, p, idx, nv);                                                       \
+    }
+#define G4_SCORES_NT(PFX, KT) \
+    G4_SCORES(PFX##_1, KT, 1) G4_SCORES(PFX##_2, KT, 2) G4_SCORES(PFX##_3, KT, 3) G4_SCORES(PFX##_4, KT, 4)
+G4_SCORES_NT(scores_f32, G4_KV_F32)
+G4_SCORES_NT(scores_f16, G4_KV_F16)
+G4_SCORES_NT(scores_q8_0, G4_KV_Q8_0)
+G4_SCORES_NT(scores_q4_0, G4_KV_Q4_0)
+
+AI void scores_call(const int kt, const int NT, const tile_ctx *c, const float *const *q, score_buf p,
+                    const int64_t *idx, int nv) {
+#define G4_SC(PFX) (NT == 1 ? PFX##_1 : NT == 2 ? PFX##_2 : NT == 3 ? PFX##_3 : PFX##_4)(c, q, p, idx, nv)
+    if (kt == G4_KV_F32) G4_SC(scores_f32);
+    else if (kt == G4_KV_F16) G4_SC(scores_f16);
+    else if (kt == G4_KV_Q8_0) G4_SC(scores_q8_0);
+    else G4_SC(scores_q4_0);
+#undef G4_SC
+}
+
+/* One block step for NT (row, head) pairs that see the same slots idx[0..nv): scores, online-softmax
+ * update (running max m, sum l), V accumulation into o. */
+AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, const float *const *q, float *const *o,
+                   float *mst, float *lst, const int64_t *idx, int nv) {
+    const g4_attn_args *a = c->a;
+    const int64_t nb = c->nb;
+    score_buf p __attribute__((aligned(32)));
+    float alpha[G4_ATTN_HEAD_TILE];
+    scores_call(kt, NT, c, q, p, idx, nv);
     /* online softmax update per head */
     for (int t = 0; t < NT; t++) {
         float mb = -INFINITY;
         for (int j = 0; j < nv; j++) mb = p[t][j] > mb ? p[t][j] : mb;
-        const float mo = st->m[t], mn = mo > mb ? mo : mb;
+        const float mo = mst[t], mn = mo > mb ? mo : mb;
         alpha[t] = mo == -INFINITY ? 0.0f : exp1(mo - mn);
         const __m256 vm = _mm256_set1_ps(mn);
         for (int j = 0; j < nv; j += 8)
             _mm256_store_ps(&p[t][j], exp_ps(_mm256_sub_ps(_mm256_load_ps(&p[t][j]), vm)));
         float sum = 0.0f;
         for (int j = 0; j < nv; j++) sum += p[t][j];
-        st->l[t] = st->l[t] * alpha[t] + sum;
-        st->m[t] = mn;
+        lst[t] = lst[t] * alpha[t] + sum;
+        mst[t] = mn;
     }
     /* V: o = o * alpha, then o += p_j v_j in slot order; two heads per pass (8 accumulators) */
     for (int t0 = 0; t0 < NT; t0 += 2) {
@@ -200,10 +231,10 @@ AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, 
 
 #define NT_CASES(KT, VT)                                                                 \
     switch (nt) {                                                                        \
-    case 1: block_step(KT, VT, 1, c, q, o, st, idx, nv); break;                          \
-    case 2: block_step(KT, VT, 2, c, q, o, st, idx, nv); break;                          \
-    case 3: block_step(KT, VT, 3, c, q, o, st, idx, nv); break;                          \
-    default: block_step(KT, VT, 4, c, q, o, st, idx, nv); break;                         \
+    case 1: block_step(KT, VT, 1, c, q, o, m, l, idx, nv); break;                          \
+    case 2: block_step(KT, VT, 2, c, q, o, m, l, idx, nv); break;                          \
+    case 3: block_step(KT, VT, 3, c, q, o, m, l, idx, nv); break;                          \
+    default: block_step(KT, VT, 4, c, q, o, m, l, idx, nv); break;                         \
     }
 #define VT_CASES(KT)                                                                     \
     switch (vt) {                                                                        \
@@ -213,9 +244,9 @@ AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, 
     default: NT_CASES(KT, G4_KV_Q4_0) break;                                             \
     }
 
-/* One (row, block) step, specialised for the K type, V type and head-tile size. */
-static void step(int kt, int vt, int nt, const tile_ctx *c, const float *const *q, float *const *o,
-                 row_state *st, const int64_t *idx, int nv) {
+/* One block step, specialised for the K type, V type and tile size. */
+static void step(int kt, int vt, int nt, const tile_ctx *c, const float *const *q, float *const *o, float *m,
+                 float *l, const int64_t *idx, int nv) {
     switch (kt) {
     case G4_KV_F32: VT_CASES(G4_KV_F32) break;
     case G4_KV_F16: VT_CASES(G4_KV_F16) break;
@@ -224,52 +255,69 @@ static void step(int kt, int vt, int nt, const tile_ctx *c, const float *const *
     }
 }
 
+#define MAXG 64 /* heads per kv head handled in one pass (more: several passes over the group) */
+
+/* Tiles are (row, head) pairs: the heads of a kv group, and across the rows of a row tile that see
+ * the same slots of a block (a causal prefill's rows below the block's diagonal), up to
+ * G4_ATTN_HEAD_TILE pairs sharing each K / V row load. A pair's operations do not depend on its
+ * tile mates, so the result stays batch-invariant. */
 static void flash_attn_avx2(const g4_attn_args *a, int64_t i0, int64_t i1, int h0, int h1) {
     const int hd = a->hd, G = a->n_head / a->n_head_kv;
     const size_t hbk = g4_kv_head_bytes(a->k_type, hd), hbv = g4_kv_head_bytes(a->v_type, hd);
     for (int64_t r0 = i0; r0 < i1; r0 += G4_ATTN_ROW_TILE) {
         const int nr = (int)(i1 - r0 < G4_ATTN_ROW_TILE ? i1 - r0 : G4_ATTN_ROW_TILE);
         for (int g = h0 / G; g * G < h1; g++) {
-            const int hs = g * G > h0 ? g * G : h0, he = (g + 1) * G < h1 ? (g + 1) * G : h1;
+            const int hs0 = g * G > h0 ? g * G : h0, he0 = (g + 1) * G < h1 ? (g + 1) * G : h1;
             const tile_ctx c = {a, (const uint8_t *)a->k, (const uint8_t *)a->v, (size_t)g * hbk, (size_t)g * hbv,
                                hd / 32};
-            for (int t0 = hs; t0 < he; t0 += G4_ATTN_HEAD_TILE) {
-                const int nt = he - t0 < G4_ATTN_HEAD_TILE ? he - t0 : G4_ATTN_HEAD_TILE;
-                row_state st[G4_ATTN_ROW_TILE];
-                const float *q[G4_ATTN_ROW_TILE][G4_ATTN_HEAD_TILE];
-                float *o[G4_ATTN_ROW_TILE][G4_ATTN_HEAD_TILE];
+            for (int hs = hs0; hs < he0; hs += MAXG) {
+                const int nh = he0 - hs < MAXG ? he0 - hs : MAXG;
+                /* pairs (r, t) in row-major order: pair r * nh + t */
+                float m[G4_ATTN_ROW_TILE * MAXG], l[G4_ATTN_ROW_TILE * MAXG];
+                const float *qp[G4_ATTN_ROW_TILE * MAXG];
+                float *op[G4_ATTN_ROW_TILE * MAXG];
                 for (int r = 0; r < nr; r++)
-                    for (int t = 0; t < nt; t++) {
-                        st[r].m[t] = -INFINITY;
-                        st[r].l[t] = 0.0f;
-                        q[r][t] = a->q + (r0 + r) * a->q_stride + (int64_t)(t0 + t) * hd;
-                        o[r][t] = a->out + (r0 + r) * a->out_stride + (int64_t)(t0 + t) * hd;
-                        memset(o[r][t], 0, (size_t)hd * sizeof(float));
+                    for (int t = 0; t < nh; t++) {
+                        const int u = r * nh + t;
+                        m[u] = -INFINITY;
+                        l[u] = 0.0f;
+                        qp[u] = a->q + (r0 + r) * a->q_stride + (int64_t)(hs + t) * hd;
+                        op[u] = a->out + (r0 + r) * a->out_stride + (int64_t)(hs + t) * hd;
+                        memset(op[u], 0, (size_t)hd * sizeof(float));
                     }
-                for (int64_t s0 = 0; s0 < a->n_slots; s0 += G4_ATTN_BLOCK) {
-                    const int64_t s1 = s0 + G4_ATTN_BLOCK < a->n_slots ? s0 + G4_ATTN_BLOCK : a->n_slots;
+                for (int64_t s0 = 0; s0 < a->n_slots; s0 += BLOCK) {
+                    const int64_t s1 = s0 + BLOCK < a->n_slots ? s0 + BLOCK : a->n_slots;
+                    int64_t idx[G4_ATTN_ROW_TILE][BLOCK];
+                    int nv[G4_ATTN_ROW_TILE];
                     for (int r = 0; r < nr; r++) {
-                        const int32_t qp = a->q_pos[r0 + r];
-                        int64_t idx[G4_ATTN_BLOCK];
-                        int nv = 0;
+                        const int32_t qpos = a->q_pos[r0 + r];
+                        nv[r] = 0;
                         for (int64_t s = s0; s < s1; s++) {
                             const int32_t kp = a->kv_pos[s];
-                            if (kp >= 0 && kp <= qp && (a->window == 0 || (int64_t)qp - kp < (int64_t)a->window))
-                                idx[nv++] = s;
+                            if (kp >= 0 && kp <= qpos && (a->window == 0 || (int64_t)qpos - kp < (int64_t)a->window))
+                                idx[r][nv[r]++] = s;
                         }
-                        if (nv) step(a->k_type, a->v_type, nt, &c, q[r], o[r], &st[r], idx, nv);
+                    }
+                    /* runs of consecutive rows with the same visible slots share tiles */
+                    for (int r = 0; r < nr;) {
+                        int re = r + 1;
+                        while (re < nr && nv[re] == nv[r] && !memcmp(idx[re], idx[r], (size_t)nv[r] * sizeof(int64_t))) re++;
+                        if (nv[r])
+                            for (int u = r * nh; u < re * nh; u += G4_ATTN_HEAD_TILE) {
+                                const int nt = re * nh - u < G4_ATTN_HEAD_TILE ? re * nh - u : G4_ATTN_HEAD_TILE;
+                                step(a->k_type, a->v_type, nt, &c, qp + u, op + u, m + u, l + u, idx[r], nv[r]);
+                            }
+                        r = re;
                     }
                 }
-                for (int r = 0; r < nr; r++)
-                    for (int t = 0; t < nt; t++) {
-                        if (!(st[r].l[t] > 0.0f)) continue;
-                        const __m256 l = _mm256_set1_ps(st[r].l[t]);
-                        for (int d = 0; d < hd; d += 8)
-                            _mm256_storeu_ps(o[r][t] + d, _mm256_div_ps(_mm256_loadu_ps(o[r][t] + d), l));
-                    }
+                for (int u = 0; u < nr * nh; u++) {
+                    if (!(l[u] > 0.0f)) continue;
+                    const __m256 lv = _mm256_set1_ps(l[u]);
+                    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(op[u] + d, _mm256_div_ps(_mm256_loadu_ps(op[u] + d), lv));
+                }
             }
         }
     }
 }
 
-const g4_attn_kernels g4_attn_avx2 = {.isa = "avx2", .flash_attn = flash_attn_avx2};
+const g4_attn_kernels g4_attn_avx2 = {.isa = "avx2", .flash_attn = flash_attn_avx2, .block = BLOCK};

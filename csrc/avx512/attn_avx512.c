@@ -280,4 +280,4 @@ static void flash_attn_avx512(const g4_attn_args *a, int64_t i0, int64_t i1, int
     }
 }
 
-const g4_attn_kernels g4_attn_avx512 = {.isa = "avx512", .flash_attn = flash_attn_avx512};
+const g4_attn_kernels g4_attn_avx512 = {.isa = "avx512", .flash_attn = flash_attn_avx512, .block = G4_ATTN_BLOCK};

@@ -129,4 +129,4 @@ void g4_kv_quantize_row_q4_0_ref(const float *x, void *vy, int64_t k) {
     }
 }
 
-const g4_attn_kernels g4_attn_ref = {.isa = "ref", .flash_attn = flash_attn_ref};
+const g4_attn_kernels g4_attn_ref = {.isa = "ref", .flash_attn = flash_attn_ref, .block = G4_ATTN_BLOCK};
