@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from bench import bench_kernels
+from bench import bench_attn, bench_kernels
 from bench.common import CpuNoise, header, md_table
 from tools.numa import bandwidth as bw
 
@@ -60,6 +60,22 @@ def test_bench_kernels_tiny(tmp_path, capsys):
     assert {r["n"] for r in batch} == {1, 2} and all(r["gbs"] > 0 for r in batch)
     assert [r["ratio_n1"] for r in batch if r["n"] == 1] == [1.0]
     assert any(r["group"] == "prefill" for r in d["results"])
+
+
+def test_bench_attn_tiny(capsys):
+    assert bench_attn.main(["--shapes", "4:40:4:2:64:16", "--reps", "2"]) == 0
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 4:40")]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert cells[1] == "4 x 40, 4 / 2 x 64, 16" and float(cells[2]) > 0 and float(cells[4]) > 0
+    # the flop count: rows at positions 36..39 see min(pos + 1, window) = 16 slots each
+    r = bench_attn.run_one(bench_attn.parse_shape("4:40:4:2:64:16"), "q8_0", 1, 1)
+    assert r["gflops"] == pytest.approx(4 * (4 * 16) * 64 * 4 / (r["min_ms"] * 1e-3) / 1e9)
+    for bad in ("9:8:4:2:64", "4:40:3:2:64", "4:40:4:2:48", "4:40:4", "x"):
+        with pytest.raises(ValueError):
+            bench_attn.parse_shape(bad)
+    with pytest.raises(SystemExit):
+        bench_attn.main(["--against", "/nonexistent", "--shapes", "4:40:4:2:64"])
 
 
 # ---- bench/bench_spec.py: the cost model and the command line (no model files) ----------------
