@@ -1,13 +1,15 @@
-/* attn_avx2.c: flash attention with AVX2 + FMA + F16C (no AVX-512). Same algorithm and block
- * boundaries as csrc/ref/attn_ref.c (read its header comment); differences from the reference
- * are only in float rounding: FMA in the dot products and the V accumulation, the dot product
- * summed in one 8-lane accumulator over the 8-element chunks folded at the end, and a
- * polynomial exp (exp_ps below) instead of libm's expf.
+/* attn_avx2.c: flash attention with AVX2 + FMA + F16C (no AVX-512). Same algorithm as
+ * csrc/ref/attn_ref.c (read its header comment) with blocks of 32 slots instead of 64 (BLOCK:
+ * a block's K and V rows of a 256-dim f16 head then fit a 32 KiB L1D); otherwise the differences
+ * from the reference are only in float rounding: FMA in the dot products and the V accumulation,
+ * the dot product summed in one 8-lane accumulator over the 8-element chunks folded at the end,
+ * and a polynomial exp (exp_ps below) instead of libm's expf.
  *
  * Loop nest (each (row, head) sees the same operation sequence whatever the nest around it):
- *   rows in tiles of G4_ATTN_ROW_TILE, kv heads, query heads of that kv head in tiles of
- *   G4_ATTN_HEAD_TILE, then blocks of slots, then the rows of the tile. A block's K/V rows are
- *   read once per head tile (scores: all tile heads against one K row; V: two heads per pass). */
+ *   rows in tiles of G4_ATTN_ROW_TILE, kv heads, then blocks of slots; in a block, the (row, head)
+ *   pairs of the rows that see the same slots go in tiles of up to G4_ATTN_HEAD_TILE pairs. A
+ *   block's K/V rows are read once per tile (scores: all tile pairs against two K rows; V: two
+ *   pairs per pass). */
 #include <immintrin.h>
 #include <math.h>
 
@@ -111,10 +113,10 @@ typedef struct {
 
 typedef float score_buf[G4_ATTN_HEAD_TILE][BLOCK + 8];
 
-/* Scores of NT heads against the nv slots idx[] of a block, scaled (and soft-capped): every head of
- * the tile against two K rows at a time (one when a single visible slot is left); per (head, slot)
- * one accumulator over the 8-element chunks in order (8 independent chains for 4 heads x 2 rows),
- * the same sequence on both paths. */
+/* Scores of a tile's NT (row, head) pairs against the nv slots idx[] of a block, scaled (and
+ * soft-capped): every pair against two K rows at a time (one when a single visible slot is left);
+ * per (pair, slot) one accumulator over the 8-element chunks in order (8 independent chains for 4
+ * pairs x 2 rows), the same sequence on both paths and whatever the tile's other pairs. */
 AI void scores(const int kt, const int NT, const tile_ctx *c, const float *const *q, score_buf p,
                const int64_t *idx, int nv) {
     const g4_attn_args *a = c->a;
@@ -192,7 +194,7 @@ AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, 
     score_buf p __attribute__((aligned(32)));
     float alpha[G4_ATTN_HEAD_TILE];
     scores_call(kt, NT, c, q, p, idx, nv);
-    /* online softmax update per head */
+    /* online softmax update per pair */
     for (int t = 0; t < NT; t++) {
         float mb = -INFINITY;
         for (int j = 0; j < nv; j++) mb = p[t][j] > mb ? p[t][j] : mb;
@@ -206,7 +208,7 @@ AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, 
         lst[t] = lst[t] * alpha[t] + sum;
         mst[t] = mn;
     }
-    /* V: o = o * alpha, then o += p_j v_j in slot order; two heads per pass (8 accumulators) */
+    /* V: o = o * alpha, then o += p_j v_j in slot order; two pairs per pass (8 accumulators) */
     for (int t0 = 0; t0 < NT; t0 += 2) {
         const int np = NT - t0 >= 2 ? 2 : 1;
         for (int64_t b = 0; b < nb; b++) {
@@ -231,10 +233,10 @@ AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, 
 
 #define NT_CASES(KT, VT)                                                                 \
     switch (nt) {                                                                        \
-    case 1: block_step(KT, VT, 1, c, q, o, m, l, idx, nv); break;                          \
-    case 2: block_step(KT, VT, 2, c, q, o, m, l, idx, nv); break;                          \
-    case 3: block_step(KT, VT, 3, c, q, o, m, l, idx, nv); break;                          \
-    default: block_step(KT, VT, 4, c, q, o, m, l, idx, nv); break;                         \
+    case 1: block_step(KT, VT, 1, c, q, o, m, l, idx, nv); break;                        \
+    case 2: block_step(KT, VT, 2, c, q, o, m, l, idx, nv); break;                        \
+    case 3: block_step(KT, VT, 3, c, q, o, m, l, idx, nv); break;                        \
+    default: block_step(KT, VT, 4, c, q, o, m, l, idx, nv); break;                       \
     }
 #define VT_CASES(KT)                                                                     \
     switch (vt) {                                                                        \
