@@ -3,7 +3,8 @@
  * a block's K and V rows of a 256-dim f16 head then fit a 32 KiB L1D); otherwise the differences
  * from the reference are only in float rounding: FMA in the dot products and the V accumulation,
  * the dot product summed in one 8-lane accumulator over the 8-element chunks folded at the end,
- * and a polynomial exp (exp_ps below) instead of libm's expf.
+ * a block's weights summed likewise in 8 lanes, and a polynomial exp (exp_ps below) instead of
+ * libm's expf.
  *
  * Loop nest (each (row, head) sees the same operation sequence whatever the nest around it):
  *   rows in tiles of G4_ATTN_ROW_TILE, kv heads, then blocks of slots; in a block, the (row, head)
@@ -194,18 +195,31 @@ AI void block_step(const int kt, const int vt, const int NT, const tile_ctx *c, 
     score_buf p __attribute__((aligned(32)));
     float alpha[G4_ATTN_HEAD_TILE];
     scores_call(kt, NT, c, q, p, idx, nv);
-    /* online softmax update per pair */
+    /* online softmax update per pair: max in 8 lanes (exact in any order); the block's weights
+     * summed in 8 lanes in slot order, then folded by hsum (a fixed order; the scalar chain of nv
+     * dependent adds per pair was the longest latency chain of a block step) */
     for (int t = 0; t < NT; t++) {
-        float mb = -INFINITY;
-        for (int j = 0; j < nv; j++) mb = p[t][j] > mb ? p[t][j] : mb;
+        __m256 mv = _mm256_set1_ps(-INFINITY);
+        for (int j = 0; j < nv; j += 8) {
+            const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nv - j),
+                                                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+            mv = _mm256_max_ps(mv, _mm256_blendv_ps(mv, _mm256_load_ps(&p[t][j]), live));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float mb = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
         const float mo = mst[t], mn = mo > mb ? mo : mb;
         alpha[t] = mo == -INFINITY ? 0.0f : exp1(mo - mn);
         const __m256 vm = _mm256_set1_ps(mn);
-        for (int j = 0; j < nv; j += 8)
-            _mm256_store_ps(&p[t][j], exp_ps(_mm256_sub_ps(_mm256_load_ps(&p[t][j]), vm)));
-        float sum = 0.0f;
-        for (int j = 0; j < nv; j++) sum += p[t][j];
-        lst[t] = lst[t] * alpha[t] + sum;
+        __m256 sv = _mm256_setzero_ps();
+        for (int j = 0; j < nv; j += 8) {
+            const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nv - j),
+                                                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+            const __m256 e = exp_ps(_mm256_sub_ps(_mm256_load_ps(&p[t][j]), vm));
+            _mm256_store_ps(&p[t][j], e);
+            sv = _mm256_add_ps(sv, _mm256_and_ps(e, live));
+        }
+        lst[t] = lst[t] * alpha[t] + hsum(sv);
         mst[t] = mn;
     }
     /* V: o = o * alpha, then o += p_j v_j in slot order; two pairs per pass (8 accumulators) */
