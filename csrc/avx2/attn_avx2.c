@@ -6,7 +6,8 @@
  * a block's weights summed likewise in 8 lanes, and a polynomial exp (exp_ps below) instead of
  * libm's expf.
  *
- * Loop nest (each (row, head) sees the same operation sequence whatever the nest around it):
+ * Loop nest (../g4_attn_tiles.h; each (row, head) sees the same operation sequence whatever the
+ * nest around it):
  *   rows in tiles of G4_ATTN_ROW_TILE, kv heads, then blocks of slots; in a block, the (row, head)
  *   pairs of the rows that see the same slots go in tiles of up to G4_ATTN_HEAD_TILE pairs. A
  *   block's K/V rows are read once per tile (scores: all tile pairs against two K rows; V: two
@@ -14,7 +15,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "../g4_attn.h"
+#include "../g4_attn_tiles.h"
 #include "../g4_blocks.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -105,12 +106,7 @@ AI __m256 load8(const int type, const uint8_t *row, int64_t b, int e) {
     return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(blk->d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
 }
 
-typedef struct {
-    const g4_attn_args *a;
-    const uint8_t *K, *V;
-    size_t koff, voff;
-    int64_t nb;
-} tile_ctx;
+typedef g4_attn_tile_ctx tile_ctx;
 
 typedef float score_buf[G4_ATTN_HEAD_TILE][BLOCK + 8];
 
@@ -271,69 +267,8 @@ static void step(int kt, int vt, int nt, const tile_ctx *c, const float *const *
     }
 }
 
-#define MAXG 64 /* heads per kv head handled in one pass (more: several passes over the group) */
-
-/* Tiles are (row, head) pairs: the heads of a kv group, and across the rows of a row tile that see
- * the same slots of a block (a causal prefill's rows below the block's diagonal), up to
- * G4_ATTN_HEAD_TILE pairs sharing each K / V row load. A pair's operations do not depend on its
- * tile mates, so the result stays batch-invariant. */
 static void flash_attn_avx2(const g4_attn_args *a, int64_t i0, int64_t i1, int h0, int h1) {
-    const int hd = a->hd, G = a->n_head / a->n_head_kv;
-    const size_t hbk = g4_kv_head_bytes(a->k_type, hd), hbv = g4_kv_head_bytes(a->v_type, hd);
-    for (int64_t r0 = i0; r0 < i1; r0 += G4_ATTN_ROW_TILE) {
-        const int nr = (int)(i1 - r0 < G4_ATTN_ROW_TILE ? i1 - r0 : G4_ATTN_ROW_TILE);
-        for (int g = h0 / G; g * G < h1; g++) {
-            const int hs0 = g * G > h0 ? g * G : h0, he0 = (g + 1) * G < h1 ? (g + 1) * G : h1;
-            const tile_ctx c = {a, (const uint8_t *)a->k, (const uint8_t *)a->v, (size_t)g * hbk, (size_t)g * hbv,
-                               hd / 32};
-            for (int hs = hs0; hs < he0; hs += MAXG) {
-                const int nh = he0 - hs < MAXG ? he0 - hs : MAXG;
-                /* pairs (r, t) in row-major order: pair r * nh + t */
-                float m[G4_ATTN_ROW_TILE * MAXG], l[G4_ATTN_ROW_TILE * MAXG];
-                const float *qp[G4_ATTN_ROW_TILE * MAXG];
-                float *op[G4_ATTN_ROW_TILE * MAXG];
-                for (int r = 0; r < nr; r++)
-                    for (int t = 0; t < nh; t++) {
-                        const int u = r * nh + t;
-                        m[u] = -INFINITY;
-                        l[u] = 0.0f;
-                        qp[u] = a->q + (r0 + r) * a->q_stride + (int64_t)(hs + t) * hd;
-                        op[u] = a->out + (r0 + r) * a->out_stride + (int64_t)(hs + t) * hd;
-                        memset(op[u], 0, (size_t)hd * sizeof(float));
-                    }
-                for (int64_t s0 = 0; s0 < a->n_slots; s0 += BLOCK) {
-                    const int64_t s1 = s0 + BLOCK < a->n_slots ? s0 + BLOCK : a->n_slots;
-                    int64_t idx[G4_ATTN_ROW_TILE][BLOCK];
-                    int nv[G4_ATTN_ROW_TILE];
-                    for (int r = 0; r < nr; r++) {
-                        const int32_t qpos = a->q_pos[r0 + r];
-                        nv[r] = 0;
-                        for (int64_t s = s0; s < s1; s++) {
-                            const int32_t kp = a->kv_pos[s];
-                            if (kp >= 0 && kp <= qpos && (a->window == 0 || (int64_t)qpos - kp < (int64_t)a->window))
-                                idx[r][nv[r]++] = s;
-                        }
-                    }
-                    /* runs of consecutive rows with the same visible slots share tiles */
-                    for (int r = 0; r < nr;) {
-                        int re = r + 1;
-                        while (re < nr && nv[re] == nv[r] && !memcmp(idx[re], idx[r], (size_t)nv[r] * sizeof(int64_t))) re++;
-                        if (nv[r])
-                            for (int u = r * nh; u < re * nh; u += G4_ATTN_HEAD_TILE) {
-                                const int nt = re * nh - u < G4_ATTN_HEAD_TILE ? re * nh - u : G4_ATTN_HEAD_TILE;
-                                step(a->k_type, a->v_type, nt, &c, qp + u, op + u, m + u, l + u, idx[r], nv[r]);
-                            }
-                        r = re;
-                    }
-                }
-                for (int u = 0; u < nr * nh; u++) {
-                    if (!(l[u] > 0.0f)) continue;
-                    const __m256 lv = _mm256_set1_ps(l[u]);
-                    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(op[u] + d, _mm256_div_ps(_mm256_loadu_ps(op[u] + d), lv));
-                }
-            }
-        }
-    }
+    g4_attn_tiles(a, i0, i1, h0, h1, BLOCK, G4_ATTN_HEAD_TILE, step);
 }
 
 const g4_attn_kernels g4_attn_avx2 = {.isa = "avx2", .flash_attn = flash_attn_avx2, .block = BLOCK};

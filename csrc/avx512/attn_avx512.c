@@ -8,7 +8,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "../g4_attn.h"
+#include "../g4_attn_tiles.h"
 #include "../g4_blocks.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -90,13 +90,7 @@ AI void attn_prefetch(const uint8_t *p, size_t n, const int hint) {
 /* lanes of a 16-slot piece that hold slots of the block (n = slots left from this piece on) */
 AI __mmask16 slot_mask(int n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1); }
 
-typedef struct {
-    const g4_attn_args *a;
-    const uint8_t *K, *V;
-    size_t koff, voff;
-    int64_t nb;
-    size_t hbk, hbv; /* bytes of one head row of K, V */
-} tile_ctx;
+typedef g4_attn_tile_ctx tile_ctx;
 
 /* One block step for NQ pairs: scores, online-softmax update, V accumulation into o. */
 AI void block_step(const int kt, const int vt, const int NQ, const tile_ctx *c, const float *const *q, float *const *o,
@@ -219,65 +213,8 @@ static void step(int kt, int vt, int nq, const tile_ctx *c, const float *const *
     }
 }
 
-#define MAXG 64 /* heads per kv head handled in one pass (more: several passes over the group) */
-
 static void flash_attn_avx512(const g4_attn_args *a, int64_t i0, int64_t i1, int h0, int h1) {
-    const int hd = a->hd, G = a->n_head / a->n_head_kv;
-    const size_t hbk = g4_kv_head_bytes(a->k_type, hd), hbv = g4_kv_head_bytes(a->v_type, hd);
-    for (int64_t r0 = i0; r0 < i1; r0 += G4_ATTN_ROW_TILE) {
-        const int nr = (int)(i1 - r0 < G4_ATTN_ROW_TILE ? i1 - r0 : G4_ATTN_ROW_TILE);
-        for (int g = h0 / G; g * G < h1; g++) {
-            const int hs0 = g * G > h0 ? g * G : h0, he0 = (g + 1) * G < h1 ? (g + 1) * G : h1;
-            const tile_ctx c = {a, (const uint8_t *)a->k, (const uint8_t *)a->v, (size_t)g * hbk, (size_t)g * hbv,
-                               hd / 32, hbk, hbv};
-            for (int hs = hs0; hs < he0; hs += MAXG) {
-                const int nh = he0 - hs < MAXG ? he0 - hs : MAXG;
-                /* pairs (r, t) in row-major order: pair r * nh + t */
-                float m[G4_ATTN_ROW_TILE * MAXG], l[G4_ATTN_ROW_TILE * MAXG];
-                const float *qp[G4_ATTN_ROW_TILE * MAXG];
-                float *op[G4_ATTN_ROW_TILE * MAXG];
-                for (int r = 0; r < nr; r++)
-                    for (int t = 0; t < nh; t++) {
-                        const int u = r * nh + t;
-                        m[u] = -INFINITY;
-                        l[u] = 0.0f;
-                        qp[u] = a->q + (r0 + r) * a->q_stride + (int64_t)(hs + t) * hd;
-                        op[u] = a->out + (r0 + r) * a->out_stride + (int64_t)(hs + t) * hd;
-                        memset(op[u], 0, (size_t)hd * sizeof(float));
-                    }
-                for (int64_t s0 = 0; s0 < a->n_slots; s0 += G4_ATTN_BLOCK) {
-                    const int64_t s1 = s0 + G4_ATTN_BLOCK < a->n_slots ? s0 + G4_ATTN_BLOCK : a->n_slots;
-                    int64_t idx[G4_ATTN_ROW_TILE][G4_ATTN_BLOCK];
-                    int nv[G4_ATTN_ROW_TILE];
-                    for (int r = 0; r < nr; r++) {
-                        const int32_t qpos = a->q_pos[r0 + r];
-                        nv[r] = 0;
-                        for (int64_t s = s0; s < s1; s++) {
-                            const int32_t kp = a->kv_pos[s];
-                            if (kp >= 0 && kp <= qpos && (a->window == 0 || (int64_t)qpos - kp < (int64_t)a->window))
-                                idx[r][nv[r]++] = s;
-                        }
-                    }
-                    /* runs of consecutive rows with the same visible slots share tiles */
-                    for (int r = 0; r < nr;) {
-                        int re = r + 1;
-                        while (re < nr && nv[re] == nv[r] && !memcmp(idx[re], idx[r], (size_t)nv[r] * sizeof(int64_t))) re++;
-                        if (nv[r])
-                            for (int u = r * nh; u < re * nh; u += QT) {
-                                const int nq = re * nh - u < QT ? re * nh - u : QT;
-                                step(a->k_type, a->v_type, nq, &c, qp + u, op + u, m + u, l + u, idx[r], nv[r]);
-                            }
-                        r = re;
-                    }
-                }
-                for (int u = 0; u < nr * nh; u++) {
-                    if (!(l[u] > 0.0f)) continue;
-                    const __m512 lv = _mm512_set1_ps(l[u]);
-                    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(op[u] + d, _mm512_div_ps(_mm512_loadu_ps(op[u] + d), lv));
-                }
-            }
-        }
-    }
+    g4_attn_tiles(a, i0, i1, h0, h1, G4_ATTN_BLOCK, QT, step);
 }
 
 const g4_attn_kernels g4_attn_avx512 = {.isa = "avx512", .flash_attn = flash_attn_avx512, .block = G4_ATTN_BLOCK};

@@ -13,7 +13,7 @@
  */
 #include <math.h>
 
-#include "../g4_attn.h"
+#include "../g4_attn_tiles.h"
 #include "../g4_blocks.h"
 
 /* 32 values of block `b` of a head row, as float (exact: d * q fits in float32). */
@@ -45,10 +45,6 @@ static void dequant32(int type, const uint8_t *row, int64_t b, float *y) {
     }
 }
 
-static inline int visible(int32_t kp, int32_t qp, int32_t window) {
-    return kp >= 0 && kp <= qp && (window == 0 || (int64_t)qp - (int64_t)kp < (int64_t)window);
-}
-
 static void flash_attn_ref(const g4_attn_args *a, int64_t i0, int64_t i1, int h0, int h1) {
     const int hd = a->hd, G = a->n_head / a->n_head_kv;
     const int64_t nb = hd / 32;
@@ -69,7 +65,7 @@ static void flash_attn_ref(const g4_attn_args *a, int64_t i0, int64_t i1, int h0
                 float p[G4_ATTN_BLOCK];
                 int nv = 0;
                 for (int64_t s = s0; s < s1; s++)
-                    if (visible(a->kv_pos[s], qp, a->window)) idx[nv++] = s;
+                    if (g4_attn_visible(a->kv_pos[s], qp, a->window)) idx[nv++] = s;
                 if (!nv) continue;
                 float mb = -INFINITY;
                 for (int j = 0; j < nv; j++) {
