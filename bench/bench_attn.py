@@ -143,8 +143,8 @@ def main(argv=None) -> int:
         print("|:---|:---|---:|---:|---:|:---|")
         for name, sh in zip(names, shapes):
             r = run_one(sh, a.kv, a.threads, a.reps)
-            print(f"| {name} | {sh[0]} x {sh[1]}, {sh[2]} / {sh[3]} x {sh[4]}, {sh[5] or '-'} | {r['min_ms']:.2f} | "
-                  f"{r['median_ms']:.2f} | {r['gflops']:.1f} | {r['hash']} |", flush=True)
+            print(f"| {name} | {sh[0]} x {sh[1]}, {sh[2]} / {sh[3]} x {sh[4]}, {sh[5] or '-'} | {r['min_ms']:.4g} | "
+                  f"{r['median_ms']:.4g} | {r['gflops']:.1f} | {r['hash']} |", flush=True)
         return 0
     print("| shape | old min / median ms | new min / median ms | new/old (min) | new/old (median) | same bits |")
     print("|:---|---:|---:|---:|---:|:---|")
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         om = sorted(r["min_ms"] for r in old)
         nm = sorted(r["min_ms"] for r in new)
         same = len({r["hash"] for r in old + new}) == 1
-        print(f"| {name} | {om[0]:.2f} / {om[len(om) // 2]:.2f} | {nm[0]:.2f} / {nm[len(nm) // 2]:.2f} | "
+        print(f"| {name} | {om[0]:.4g} / {om[len(om) // 2]:.4g} | {nm[0]:.4g} / {nm[len(nm) // 2]:.4g} | "
               f"{nm[0] / om[0]:.3f} | {nm[len(nm) // 2] / om[len(om) // 2]:.3f} | {'yes' if same else 'no'} |",
               flush=True)
     return 0
