@@ -28,7 +28,7 @@ case $ISA in
   avx512) FLAGS="-mavx2 -mfma -mf16c -mbmi2 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni" ;;
   *) echo "ISA must be avx2 or avx512" >&2; exit 2 ;;
 esac
-if [ "$ISA" = avx512 ] && ! grep -q avx512vnni /proc/cpuinfo; then
+if [ "$ISA" = avx512 ] && ! grep -qE "avx512_?vnni" /proc/cpuinfo; then
   echo "this CPU cannot run the avx512 table (no AVX-512 VNNI in /proc/cpuinfo)" >&2; exit 2
 fi
 CC=${CC:-cc}

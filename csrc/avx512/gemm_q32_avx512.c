@@ -13,7 +13,18 @@
  * One token, single thread, A/B in one process against the former one-row-at-a-time path (4 rows
  * interleaved, a scalar in-order sum per row; 2-vCPU Xeon with AMX, noisy host, medians of 9
  * alternating calls): k = 640 in L2 0.62-0.77x the time (Q8_0 / Q5_0 / Q4_0), from memory (64 MiB)
- * 0.76-0.94x; Q8_0 k = 5376 from memory 0.91-0.99x. */
+ * 0.76-0.94x; Q8_0 k = 5376 from memory 0.91-0.99x.
+ *
+ * Which path takes n_tok tokens (q_gemm): 1 token q_rows16; Q8_0 with 2-3 tokens and Q4_0 / Q5_0 with
+ * 2-5 the items path q_group16 (rows x tokens in the 16 lanes, one merge tree per block pair); more
+ * tokens the token-lanes path q8t_* (no merge tree: each weight dword is broadcast to every token
+ * lane; Q4_0 / Q5_0 blocks are unpacked to their unsigned values first). Crossovers measured on a
+ * 2-vCPU AMD EPYC Zen 5 (family 26), single thread, k = 5376, 128 rows in L2, A/B against the
+ * previous split (Q8_0 on q8t from 2 tokens, Q4_0 / Q5_0 on q_group16 up to 16): Q8_0 2 tokens 0.79x
+ * the time; Q5_0 / Q4_0 6 tokens 0.81 / 0.75x, 8 tokens 0.78x, 16 tokens and prefill (64) 0.44-0.48x.
+ * The items path prefetches the next row tile into L2 (one region when rows are whole), as the avx2
+ * 8-row passes do: from memory (374 MiB) Q8_0 2 / 3 tokens 1.06 / 0.70 -> 0.80 / 0.55 ns per
+ * row-token-block, Q5_0 2 / 4 tokens 1.0 / 0.67 -> 0.72 / 0.52; in L2 it costs 5-8 %. */
 #include "avx512.h"
 #include "../g4_x86_256.h"
 
@@ -163,8 +174,8 @@ static void q_prepare1(const uint8_t *x, int64_t c0, int kc, uint8_t *xs, float 
     if (kc & 1) _mm256_store_si256((__m256i *)(xs + 32 * kc), _mm256_setzero_si256());
 }
 
-/* n_tok >= 2: R = 16/NT rows x NT tokens = up to 16 items, lane i = item i (row i/NT, token i%NT).
- * For each pair of blocks the 16 items' dot-product vectors are reduced together, so the per-block
+/* n_tok = 2..G4X_Q8G (Q8_0) or 2..G4X_Q4G (Q4_0 / Q5_0): R = 16/NT rows x NT tokens = up to 16
+ * items, lane i = item i (row i/NT, token i%NT). For each pair of blocks the 16 items' dot-product vectors are reduced together, so the per-block
  * float ops (and the in-order accumulation) run on 16 item lanes. Activations: xi[(g16, t)] blocks
  * of 32 biased bytes; dxi[block][lane] = d_x of the lane's token. */
 G4_AI void q_group16(const int NT, const int QT, const uint8_t *const *wrow, const uint8_t *xu, const float *dxi,
@@ -209,16 +220,26 @@ G4_AI void q_group16(const int NT, const int QT, const uint8_t *const *wrow, con
     *accp = acc;
 }
 
-/* ---- Q8_0, n_tok >= 2: lanes = tokens, no horizontal reduction.
+/* ---- n_tok > G4X_Q8G (Q8_0) or > G4X_Q4G (Q4_0 / Q5_0): lanes = tokens, no horizontal reduction.
  * The activations of a chunk of blocks are transposed once per call: for block b, vector j
  * (j = 0..7) holds dword j (bytes 4j..4j+3) of that block of every token, lane t = token t, so one
  * vpdpbusd with the weight dword j broadcast to every lane adds 4 products to every token's sum,
  * and a chain of 8 gives every token's exact block sum in its own lane. vpdpbusd wants an
- * unsigned operand: the broadcast weights are biased (w ^ 0x80 = w + 128) and the chain starts at
- * -128 * sum(x) of the lane's token (computed once per call). The float sequence
+ * unsigned operand: the broadcast weights are biased (Q8_0 w ^ 0x80 = w + 128; Q4_0 / Q5_0 their
+ * stored values w + 8 / w + 16) and the chain starts at -bias * sum(x) of the lane's token
+ * (computed once per call). The float sequence
  * acc = acc + (float)isum * (d_w * d_x) then runs on the token lanes in block order. A tile of
  * rows shares each block's activation vectors from registers. 8 lanes (ymm) for n_tok <= 8,
  * 16 (zmm) above. */
+#ifndef G4X_Q8G
+#define G4X_Q8G 3 /* Q8_0 with 2..G4X_Q8G tokens takes q_group16 (items = rows x tokens), more q8t */
+#endif
+#ifndef G4X_Q4G
+#define G4X_Q4G 5 /* the same for Q4_0 / Q5_0 */
+#endif
+#ifndef G4X_QGPF
+#define G4X_QGPF 2 /* q_group16's next row tile: 0 not prefetched, 1 into L1, 2 into L2 */
+#endif
 #define Q8T_BUF (112 * 1024) /* stack budget for one chunk of transposed activations */
 #ifndef G4X_Q8TR
 #define G4X_Q8TR 8           /* rows per register group */
@@ -230,12 +251,14 @@ G4_AI void q_group16(const int NT, const int QT, const uint8_t *const *wrow, con
 #define G4X_Q8CB 16          /* blocks per burst */
 #endif
 #ifndef G4X_Q8PF
-#define G4X_Q8PF (G4X_Q8CB * 34) /* software prefetch distance in bytes (0: none): the next burst */
+#define G4X_Q8PF G4X_Q8CB /* software prefetch distance in blocks (0: none): the next burst */
 #endif
 
-/* per block: 8 vectors of L int32 lanes, then -128*sum(x) (L int32), then d_x (L floats).
+/* per block: 8 vectors of L int32 lanes, then -(sum(x) << SH) (L int32: SH = 7, 3, 4 for the
+ * bias 128, 8, 16 of Q8_0 / Q4_0 / Q5_0 weights in the unsigned domain), then d_x (L floats).
  * Tokens are transposed 8 at a time (an 8x8 dword transpose in ymm registers); lanes past n are 0. */
-static void q8t_prepare(const uint8_t *x, size_t xrb, int n, const int L, const int BIAS, int64_t c0, int kc, int32_t *xt) {
+static void q8t_prepare(const uint8_t *x, size_t xrb, int n, const int L, const int BIAS, const int SH, int64_t c0, int kc,
+                        int32_t *xt) {
     const __m256i ones = _mm256_set1_epi8(1), k80 = _mm256_set1_epi8((char)0x80);
     for (int b = 0; b < kc; b++) {
         int32_t *d = xt + (size_t)b * 10 * L;
@@ -252,7 +275,7 @@ static void q8t_prepare(const uint8_t *x, size_t xrb, int n, const int L, const 
                 _mm256_store_si256((__m256i *)(d + j * L + t0), BIAS ? _mm256_xor_si256(c[j], k80) : c[j]);
                 sum = _mm256_dpbusd_epi32(sum, ones, c[j]);
             }
-            _mm256_store_si256((__m256i *)(d + 8 * L + t0), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)));
+            _mm256_store_si256((__m256i *)(d + 8 * L + t0), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, SH)));
             for (int t = 0; t < 8; t++) {
                 const float f = t0 + t < n ? g4_fp16_to_fp32(((const block_q8_0 *)(x + (size_t)(t0 + t) * xrb))[c0 + b].d) : 0.0f;
                 memcpy(&d[9 * L + t0 + t], &f, 4);
@@ -271,9 +294,25 @@ G4_AI __m256i q8t_dpbusd_b(__m256i acc, __m256i a, const uint8_t *p) {
     return acc;
 }
 
+/* The 32 weights of a Q4_0 / Q5_0 block in the unsigned domain (their stored 4- / 5-bit values, w + 8 /
+ * w + 16), element order: *lo = elements 0-15, *hi = 16-31. */
+G4_AI void q4t_wblock(const int QT, const uint8_t *p, __m128i *lo, __m128i *hi) {
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(p + (QT == QT_Q4_0 ? 2 : 6)));
+    __m128i l = _mm_and_si128(raw, m4), h = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+    if (QT == QT_Q5_0) { /* bit 4 of element i is bit i of qh */
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        l = _mm_mask_add_epi8(l, (__mmask16)qh, l, _mm_set1_epi8(16));
+        h = _mm_mask_add_epi8(h, (__mmask16)(qh >> 16), h, _mm_set1_epi8(16));
+    }
+    *lo = l;
+    *hi = h;
+}
+
 /* TR rows x blocks [0, kc) of the chunk, 8 token lanes */
-G4_AI void q8t_tile8(const int TR, const uint8_t *const *wr, const int32_t *xt, int kc, __m256 *acc) {
-    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+G4_AI void q8t_tile8(const int QT, const int TR, const uint8_t *const *wr, const int32_t *xt, int kc, __m256 *acc) {
+    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
     __m256 A[16]; /* local copies: kept in registers (acc may alias the buffers) */
     for (int i = 0; i < TR; i++) A[i] = acc[i];
     for (int b = 0; b < kc; b++) {
@@ -285,11 +324,20 @@ G4_AI void q8t_tile8(const int TR, const uint8_t *const *wr, const int32_t *xt, 
         const __m256 dx = _mm256_load_ps((const float *)(d + 72));
 #pragma GCC unroll 16
         for (int i = 0; i < TR; i++) {
-            const uint8_t *p = wr[i] + (size_t)b * 34;
-            if (G4X_Q8PF > 0) _mm_prefetch((const char *)p + G4X_Q8PF, _MM_HINT_T0);
-            /* weight dwords 0-3 / 4-7 in both 128-bit lanes, biased to unsigned; vpshufd broadcasts one */
-            const __m256i wl = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2))), k80);
-            const __m256i wh = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 18))), k80);
+            const uint8_t *p = wr[i] + (size_t)b * BB;
+            if (G4X_Q8PF > 0) _mm_prefetch((const char *)p + G4X_Q8PF * BB, _MM_HINT_T0);
+            /* weight dwords 0-3 / 4-7 in both 128-bit lanes, unsigned; vpshufd broadcasts one */
+            __m256i wl, wh;
+            if (QT == QT_Q8_0) { /* broadcast from memory, then bias (3-7 % faster than the other order) */
+                const __m256i k80 = _mm256_set1_epi8((char)0x80);
+                wl = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2))), k80);
+                wh = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 18))), k80);
+            } else {
+                __m128i wlo, whi;
+                q4t_wblock(QT, p, &wlo, &whi);
+                wl = _mm256_broadcastsi128_si256(wlo);
+                wh = _mm256_broadcastsi128_si256(whi);
+            }
             __m256i D0 = _mm256_dpbusd_epi32(cx, _mm256_shuffle_epi32(wl, 0x00), X[0]);
             __m256i D1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(wl, 0x55), X[1]);
             D0 = _mm256_dpbusd_epi32(D0, _mm256_shuffle_epi32(wl, 0xAA), X[2]);
@@ -324,7 +372,7 @@ G4_AI void q8t_tile8b(const int NT, const int TR, const uint8_t *const *wr, cons
 #pragma GCC unroll 16
         for (int i = 0; i < TR; i++) {
             const uint8_t *p = wr[i] + (size_t)b * 34;
-            if (G4X_Q8PF > 0) _mm_prefetch((const char *)p + G4X_Q8PF, _MM_HINT_T0);
+            if (G4X_Q8PF > 0) _mm_prefetch((const char *)p + G4X_Q8PF * 34, _MM_HINT_T0);
             __m256i D0 = q8t_dpbusd_b(_mm256_setzero_si256(), X[0], p + 2);
             __m256i D1 = q8t_dpbusd_b(_mm256_setzero_si256(), X[1], p + 6);
             D0 = q8t_dpbusd_b(D0, X[2], p + 10);
@@ -344,8 +392,8 @@ G4_AI void q8t_tile8b(const int NT, const int TR, const uint8_t *const *wr, cons
     for (int i = 0; i < TR; i++) acc[i] = A[i];
 }
 
-G4_AI void q8t_tile16(const int TR, const uint8_t *const *wr, const int32_t *xt, int kc, __m512 *acc) {
-    const __m512i k80 = _mm512_set1_epi8((char)0x80);
+G4_AI void q8t_tile16(const int QT, const int TR, const uint8_t *const *wr, const int32_t *xt, int kc, __m512 *acc) {
+    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
     __m512 A[16]; /* local copies: kept in registers (acc may alias the buffers) */
     for (int i = 0; i < TR; i++) A[i] = acc[i];
     for (int b = 0; b < kc; b++) {
@@ -357,10 +405,19 @@ G4_AI void q8t_tile16(const int TR, const uint8_t *const *wr, const int32_t *xt,
         const __m512 dx = _mm512_load_ps((const float *)(d + 144));
 #pragma GCC unroll 16
         for (int i = 0; i < TR; i++) {
-            const uint8_t *p = wr[i] + (size_t)b * 34;
-            if (G4X_Q8PF > 0) _mm_prefetch((const char *)p + G4X_Q8PF, _MM_HINT_T0);
-            const __m512i wl = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2))), k80);
-            const __m512i wh = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 18))), k80);
+            const uint8_t *p = wr[i] + (size_t)b * BB;
+            if (G4X_Q8PF > 0) _mm_prefetch((const char *)p + G4X_Q8PF * BB, _MM_HINT_T0);
+            __m512i wl, wh;
+            if (QT == QT_Q8_0) {
+                const __m512i k80 = _mm512_set1_epi8((char)0x80);
+                wl = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2))), k80);
+                wh = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 18))), k80);
+            } else {
+                __m128i wlo, whi;
+                q4t_wblock(QT, p, &wlo, &whi);
+                wl = _mm512_broadcast_i32x4(wlo);
+                wh = _mm512_broadcast_i32x4(whi);
+            }
             __m512i D0 = _mm512_dpbusd_epi32(cx, _mm512_shuffle_epi32(wl, 0x00), X[0]);
             __m512i D1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(wl, 0x55), X[1]);
             D0 = _mm512_dpbusd_epi32(D0, _mm512_shuffle_epi32(wl, 0xAA), X[2]);
@@ -379,14 +436,16 @@ G4_AI void q8t_tile16(const int TR, const uint8_t *const *wr, const int32_t *xt,
     for (int i = 0; i < TR; i++) acc[i] = A[i];
 }
 
-G4_AI void q8t_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
-                    int64_t k, int64_t r0, int64_t r1) {
+G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
+                    int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
     /* Loop order: a tile of TT rows; blocks in bursts of CB (their activations, 10 * CB vectors, stay
      * in L1 while every row of the tile uses them); within a burst, groups of TR rows whose
      * accumulators live in registers, blocks outermost so each block's activation vectors are
      * loaded once for the TR rows. Each row is read in CB-block (CB * 34 byte) runs and the run
      * CB blocks ahead is prefetched. The accumulation order per (row, token) is block order. */
     const int L = NT <= 8 ? 8 : 16, TR = G4X_Q8TR, TT = G4X_Q8TT, CB = G4X_Q8CB;
+    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    const int TB = QT == QT_Q8_0 && NT < 8; /* q8t_tile8b: biased activations, weights from memory */
     const int64_t nb = k / 32;
     int KC = Q8T_BUF / (10 * 4 * L);
     if (KC > nb) KC = (int)nb;
@@ -394,7 +453,7 @@ G4_AI void q8t_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x
     _Alignas(64) float a[TT][16];
     for (int64_t c0 = 0; c0 < nb; c0 += KC) {
         const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
-        q8t_prepare(x, xrb, NT, L, NT < 8, c0, kc, xt);
+        q8t_prepare(x, xrb, NT, L, TB, QT == QT_Q8_0 ? 7 : QT == QT_Q4_0 ? 3 : 4, c0, kc, xt);
         for (int64_t rt = r0; rt < r1; rt += TT) {
             const int nt = (int)(r1 - rt < TT ? r1 - rt : TT);
             for (int i = 0; i < nt; i++)
@@ -406,17 +465,17 @@ G4_AI void q8t_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x
                     const int nr = nt - g < TR ? nt - g : TR;
                     const uint8_t *wr[16];
                     for (int i = 0; i < TR; i++)
-                        wr[i] = w + (size_t)(rt + g + (i < nr ? i : nr - 1)) * wrb + (size_t)(c0 + cb) * 34;
+                        wr[i] = w + (size_t)(rt + g + (i < nr ? i : nr - 1)) * wrb + (size_t)(c0 + cb) * BB;
                     if (L == 8) {
                         __m256 acc[16];
                         for (int i = 0; i < TR; i++) acc[i] = _mm256_load_ps(a[g + (i < nr ? i : nr - 1)]);
-                        if (NT < 8) q8t_tile8b(NT, TR, wr, xc, cn, acc);
-                        else q8t_tile8(TR, wr, xc, cn, acc);
+                        if (TB) q8t_tile8b(NT, TR, wr, xc, cn, acc);
+                        else q8t_tile8(QT, TR, wr, xc, cn, acc);
                         for (int i = 0; i < nr; i++) _mm256_store_ps(a[g + i], acc[i]);
                     } else {
                         __m512 acc[16];
                         for (int i = 0; i < TR; i++) acc[i] = _mm512_load_ps(a[g + (i < nr ? i : nr - 1)]);
-                        q8t_tile16(TR, wr, xc, cn, acc);
+                        q8t_tile16(QT, TR, wr, xc, cn, acc);
                         for (int i = 0; i < nr; i++) _mm512_store_ps(a[g + i], acc[i]);
                     }
                 }
@@ -436,8 +495,8 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
     _Alignas(64) uint8_t xu[QBUF];
     _Alignas(64) float dxp[QBUF / 32];
     _Alignas(64) int32_t xc[QBUF / 32];
-    if (QT == QT_Q8_0 && NT > 1) {
-        q8t_gemm(NT, w, wrb, x, xrb, y, ldy, k, r0, r1);
+    if (NT > (QT == QT_Q8_0 ? G4X_Q8G : G4X_Q4G)) {
+        q8t_gemm(NT, QT, w, wrb, x, xrb, y, ldy, k, r0, r1);
         return;
     }
     if (NT == 1) {
@@ -485,8 +544,18 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
                 acc[gi] = _mm512_load_ps(a);
                 ng++;
             }
+            const int64_t rn = rt + (int64_t)TG * R; /* the next tile's rows, one region when rows are whole */
+            const size_t pstep = ((size_t)TG * R * wrb / ((kc + 15) / 16) + 63) & ~(size_t)63;
             for (int g = 0; g < kc; g += 16) {
                 const int cnt = kc - g < 16 ? kc - g : 16;
+                if (G4X_QGPF && (size_t)kc * BB == wrb && rn < r1) {
+                    const char *q = (const char *)(w + (size_t)rn * wrb) + (size_t)(g / 16) * pstep;
+                    const size_t lim = (size_t)(r1 - rn) * wrb, o0 = (size_t)(g / 16) * pstep;
+                    for (size_t o = 0; o < pstep && o0 + o < lim; o += 64) {
+                        if (G4X_QGPF == 1) _mm_prefetch(q + o, _MM_HINT_T0);
+                        else _mm_prefetch(q + o, _MM_HINT_T1);
+                    }
+                }
                 for (int gi = 0; gi < ng; gi++) q_group16(NT, QT, wrow[gi], xu, dxi, kcp, g, cnt, &acc[gi], rowidx);
             }
             for (int gi = 0; gi < ng; gi++) {
