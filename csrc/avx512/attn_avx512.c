@@ -4,7 +4,10 @@
  * a tile is up to 8 (row, head) pairs of one kv head, taken across the rows of a verify batch or
  * prefill tile that see the same slots, so each K/V row is converted once for all of them; K/V rows
  * are prefetched (they lie a slot apart); the block max and weight sum run in 16 lanes; exp is the
- * same Cephes polynomial in 16 lanes. */
+ * same Cephes polynomial in 16 lanes. The score loops are functions of their own per (K type, tile
+ * size), as in attn_avx2.c (inlined, the accumulators went to the stack): bench/bench_attn.py on a
+ * Zen 5 EPYC, 1 thread, alternated processes, same output bits: prefill 0.70-0.76x the time,
+ * 4 verify rows after 4096 positions 0.59-0.60x, one decode row 0.66-0.70x (f16 / q8_0 cache). */
 #include <immintrin.h>
 #include <math.h>
 
@@ -92,14 +95,14 @@ AI __mmask16 slot_mask(int n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) 
 
 typedef g4_attn_tile_ctx tile_ctx;
 
-/* One block step for NQ pairs: scores, online-softmax update, V accumulation into o. */
-AI void block_step(const int kt, const int vt, const int NQ, const tile_ctx *c, const float *const *q, float *const *o,
-                   float *mst, float *lst, const int64_t *idx, int nv) {
+typedef float score_buf[QT][G4_ATTN_BLOCK + 16];
+
+/* scores of NQ pairs against the nv slots idx[] of a block, scaled (and soft-capped): per (pair,
+ * slot) two accumulators (the two 16-halves of each 32-block) folded at the end */
+AI void scores(const int kt, const int NQ, const tile_ctx *c, const float *const *q, score_buf p, const int64_t *idx,
+               int nv) {
     const g4_attn_args *a = c->a;
     const int64_t nb = c->nb;
-    float p[QT][G4_ATTN_BLOCK + 16] __attribute__((aligned(64)));
-    float alpha[QT];
-    /* scores: per (pair, slot) two accumulators (the two 16-halves of each 32-block) folded at the end */
     for (int j = 0; j < nv; j++) {
         const uint8_t *kr = c->K + (size_t)idx[j] * a->k_slot_bytes + c->koff;
         if (j + G4X_APF < nv) attn_prefetch(c->K + (size_t)idx[j + G4X_APF] * a->k_slot_bytes + c->koff, c->hbk, _MM_HINT_T0);
@@ -123,6 +126,44 @@ AI void block_step(const int kt, const int vt, const int NQ, const tile_ctx *c, 
             p[t][j] = sc;
         }
     }
+}
+
+/* The score loops as functions of their own, one per (K type, NQ), as in attn_avx2.c: inlined into
+ * the (K type, V type, NQ) step, GCC may keep accumulators on the stack. */
+#define G4_SCORES(NAME, KT, NQ)                                                                     \
+    static __attribute__((noinline)) void NAME(const tile_ctx *c, const float *const *q, score_buf p, \
+                                               const int64_t *idx, int nv) {                        \
+        scores(KT, NQ, c, q, p, idx, nv);                                                           \
+    }
+#define G4_SCORES_NQ(PFX, KT)                                                                       \
+    G4_SCORES(PFX##_1, KT, 1) G4_SCORES(PFX##_2, KT, 2) G4_SCORES(PFX##_3, KT, 3)                   \
+    G4_SCORES(PFX##_4, KT, 4) G4_SCORES(PFX##_5, KT, 5) G4_SCORES(PFX##_6, KT, 6)                   \
+    G4_SCORES(PFX##_7, KT, 7) G4_SCORES(PFX##_8, KT, 8)
+G4_SCORES_NQ(scores_f32, G4_KV_F32)
+G4_SCORES_NQ(scores_f16, G4_KV_F16)
+G4_SCORES_NQ(scores_q8_0, G4_KV_Q8_0)
+G4_SCORES_NQ(scores_q4_0, G4_KV_Q4_0)
+
+AI void scores_call(const int kt, const int NQ, const tile_ctx *c, const float *const *q, score_buf p,
+                    const int64_t *idx, int nv) {
+#define G4_SC(PFX)                                                                                  \
+    (NQ == 1 ? PFX##_1 : NQ == 2 ? PFX##_2 : NQ == 3 ? PFX##_3 : NQ == 4 ? PFX##_4 :                 \
+     NQ == 5 ? PFX##_5 : NQ == 6 ? PFX##_6 : NQ == 7 ? PFX##_7 : PFX##_8)(c, q, p, idx, nv)
+    if (kt == G4_KV_F32) G4_SC(scores_f32);
+    else if (kt == G4_KV_F16) G4_SC(scores_f16);
+    else if (kt == G4_KV_Q8_0) G4_SC(scores_q8_0);
+    else G4_SC(scores_q4_0);
+#undef G4_SC
+}
+
+/* One block step for NQ pairs: scores, online-softmax update, V accumulation into o. */
+AI void block_step(const int kt, const int vt, const int NQ, const tile_ctx *c, const float *const *q, float *const *o,
+                   float *mst, float *lst, const int64_t *idx, int nv) {
+    const g4_attn_args *a = c->a;
+    const int64_t nb = c->nb;
+    score_buf p __attribute__((aligned(64)));
+    float alpha[QT];
+    scores_call(kt, NQ, c, q, p, idx, nv);
     /* online softmax update per pair */
     for (int t = 0; t < NQ; t++) {
         /* max in 16 lanes (exact in any order); the sum of the block's weights in 16 lanes, folded
