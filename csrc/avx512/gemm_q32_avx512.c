@@ -15,7 +15,7 @@
  * alternating calls): k = 640 in L2 0.62-0.77x the time (Q8_0 / Q5_0 / Q4_0), from memory (64 MiB)
  * 0.76-0.94x; Q8_0 k = 5376 from memory 0.91-0.99x.
  *
- * Which path takes n_tok tokens (q_gemm): 1 token q_rows16; Q8_0 with 2-3 tokens and Q4_0 / Q5_0 with
+ * Which path takes n_tok tokens (q_gemm): 1 token q_rows16; Q8_0 with 2-4 tokens and Q4_0 / Q5_0 with
  * 2-5 the items path q_group16 (rows x tokens in the 16 lanes, one merge tree per block pair); more
  * tokens the token-lanes path q8t_* (no merge tree: each weight dword is broadcast to every token
  * lane; Q4_0 / Q5_0 blocks are unpacked to their unsigned values first). Crossovers measured on a
@@ -24,7 +24,9 @@
  * the time; Q5_0 / Q4_0 6 tokens 0.81 / 0.75x, 8 tokens 0.78x, 16 tokens and prefill (64) 0.44-0.48x.
  * The items path prefetches the next row tile into L2 (one region when rows are whole), as the avx2
  * 8-row passes do: from memory (374 MiB) Q8_0 2 / 3 tokens 1.06 / 0.70 -> 0.80 / 0.55 ns per
- * row-token-block, Q5_0 2 / 4 tokens 1.0 / 0.67 -> 0.72 / 0.52; in L2 it costs 5-8 %. */
+ * row-token-block, Q5_0 2 / 4 tokens 1.0 / 0.67 -> 0.72 / 0.52; in L2 it costs 5-8 %. Q8_0 with 4
+ * tokens is 1.13x slower on the items path in L2 but 0.87x from memory, and bench_kernels.py (1 GiB,
+ * three alternated pairs of builds) reads 0.92x the time at 1 and 2 threads: items path. */
 #include "avx512.h"
 #include "../g4_x86_256.h"
 
@@ -232,7 +234,7 @@ G4_AI void q_group16(const int NT, const int QT, const uint8_t *const *wrow, con
  * rows shares each block's activation vectors from registers. 8 lanes (ymm) for n_tok <= 8,
  * 16 (zmm) above. */
 #ifndef G4X_Q8G
-#define G4X_Q8G 3 /* Q8_0 with 2..G4X_Q8G tokens takes q_group16 (items = rows x tokens), more q8t */
+#define G4X_Q8G 4 /* Q8_0 with 2..G4X_Q8G tokens takes q_group16 (items = rows x tokens), more q8t */
 #endif
 #ifndef G4X_Q4G
 #define G4X_Q4G 5 /* the same for Q4_0 / Q5_0 */
