@@ -62,6 +62,11 @@ static void q_prepare(const uint8_t *x, size_t xrb, int n, int64_t c0, int kc, i
 
 enum { QT_Q8_0, QT_Q4_0, QT_Q5_0 };
 
+/* bytes of one block, and the bias of its weights in the unsigned domain (Q8_0 w + 128, Q4_0 / Q5_0
+ * their stored values w + 8 / w + 16) */
+G4_AI int q_block_bytes(const int QT) { return QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22; }
+G4_AI int q_bias(const int QT) { return QT == QT_Q8_0 ? 128 : QT == QT_Q4_0 ? 8 : 16; }
+
 /* weights of blocks b, b+1 (b+1 only if two) of a row, 32 bytes each: signed (uns = 0), or in the
  * unsigned domain (uns = 1): w + 128 for Q8_0, the stored 4- / 5-bit values (w + 8 / w + 16) for Q4_0 / Q5_0, so that
  * vpdpbusd takes them as its unsigned operand against signed activations (q_prepare1's correction). */
@@ -123,7 +128,7 @@ G4_AI void q_tree16(const __m512i *D, __m512i *F0, __m512i *F1) {
 #endif
 G4_AI void q_rows16(const int QT, const uint8_t *w0, size_t wrb, int nr, const uint8_t *xs, const float *dx,
                     const int32_t *xc, int kc, float *acc16, int next) {
-    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    const int BB = q_block_bytes(QT);
     const uint8_t *wrow[16];
     for (int i = 0; i < 16; i++) wrow[i] = w0 + (size_t)(i < nr ? i : nr - 1) * wrb;
     __m512 acc = _mm512_loadu_ps(acc16);
@@ -183,7 +188,7 @@ static void q_prepare1(const uint8_t *x, int64_t c0, int kc, uint8_t *xs, float 
 G4_AI void q_group16(const int NT, const int QT, const uint8_t *const *wrow, const uint8_t *xu, const float *dxi,
                      int kcp, int g, int cnt, __m512 *accp, const __m512i rowidx) {
     const int R = 16 / NT, NI = R * NT;
-    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    const int BB = q_block_bytes(QT);
     const __m512i ones80 = _mm512_set1_epi8((char)0x80);
     __m512 acc = *accp;
     _Alignas(32) uint16_t dwr[16][16]; /* [block][row] raw f16 scales */
@@ -314,7 +319,7 @@ G4_AI void q4t_wblock(const int QT, const uint8_t *p, __m128i *lo, __m128i *hi) 
 
 /* TR rows x blocks [0, kc) of the chunk, 8 token lanes */
 G4_AI void q8t_tile8(const int QT, const int TR, const uint8_t *const *wr, const int32_t *xt, int kc, __m256 *acc) {
-    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    const int BB = q_block_bytes(QT);
     __m256 A[16]; /* local copies: kept in registers (acc may alias the buffers) */
     for (int i = 0; i < TR; i++) A[i] = acc[i];
     for (int b = 0; b < kc; b++) {
@@ -395,7 +400,7 @@ G4_AI void q8t_tile8b(const int NT, const int TR, const uint8_t *const *wr, cons
 }
 
 G4_AI void q8t_tile16(const int QT, const int TR, const uint8_t *const *wr, const int32_t *xt, int kc, __m512 *acc) {
-    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    const int BB = q_block_bytes(QT);
     __m512 A[16]; /* local copies: kept in registers (acc may alias the buffers) */
     for (int i = 0; i < TR; i++) A[i] = acc[i];
     for (int b = 0; b < kc; b++) {
@@ -443,10 +448,10 @@ G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
     /* Loop order: a tile of TT rows; blocks in bursts of CB (their activations, 10 * CB vectors, stay
      * in L1 while every row of the tile uses them); within a burst, groups of TR rows whose
      * accumulators live in registers, blocks outermost so each block's activation vectors are
-     * loaded once for the TR rows. Each row is read in CB-block (CB * 34 byte) runs and the run
+     * loaded once for the TR rows. Each row is read in CB-block (CB * BB byte) runs and the run
      * CB blocks ahead is prefetched. The accumulation order per (row, token) is block order. */
     const int L = NT <= 8 ? 8 : 16, TR = G4X_Q8TR, TT = G4X_Q8TT, CB = G4X_Q8CB;
-    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    const int BB = q_block_bytes(QT);
     const int TB = QT == QT_Q8_0 && NT < 8; /* q8t_tile8b: biased activations, weights from memory */
     const int64_t nb = k / 32;
     int KC = Q8T_BUF / (10 * 4 * L);
@@ -455,7 +460,7 @@ G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
     _Alignas(64) float a[TT][16];
     for (int64_t c0 = 0; c0 < nb; c0 += KC) {
         const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
-        q8t_prepare(x, xrb, NT, L, TB, QT == QT_Q8_0 ? 7 : QT == QT_Q4_0 ? 3 : 4, c0, kc, xt);
+        q8t_prepare(x, xrb, NT, L, TB, __builtin_ctz(q_bias(QT)), c0, kc, xt);
         for (int64_t rt = r0; rt < r1; rt += TT) {
             const int nt = (int)(r1 - rt < TT ? r1 - rt : TT);
             for (int i = 0; i < nt; i++)
@@ -493,7 +498,7 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
     const int64_t nb = k / 32;
     int KC = (QBUF / (NT * 32 + 64)) & ~15;
     if (KC > nb) KC = (int)nb;
-    const int BB = QT == QT_Q8_0 ? 34 : QT == QT_Q4_0 ? 18 : 22;
+    const int BB = q_block_bytes(QT);
     _Alignas(64) uint8_t xu[QBUF];
     _Alignas(64) float dxp[QBUF / 32];
     _Alignas(64) int32_t xc[QBUF / 32];
@@ -502,7 +507,7 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
         return;
     }
     if (NT == 1) {
-        const int bias = QT == QT_Q8_0 ? 128 : QT == QT_Q4_0 ? 8 : 16;
+        const int bias = q_bias(QT);
         for (int64_t c0 = 0; c0 < nb; c0 += KC) {
             const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
             q_prepare1(x, c0, kc, xu, dxp, xc, bias);
