@@ -152,10 +152,11 @@ static int q6_prepare(const uint8_t *x, size_t xrb, int n, int ntp, int64_t c0, 
 /* Block B of one row: prefetch G4X_Q6PF blocks ahead, the weights unpacked to q6_prepare's interleaved
  * order (the operands of the two chains: A0, B0 then A1, B1) and the group scales as the int16 lanes
  * of the two chains (P0, P1) */
-G4_AI void q6_row(const block_q6_K *B, __m512i *A0, __m512i *B0, __m512i *A1, __m512i *B1, __m512i *P0, __m512i *P1) {
+G4_AI void q6_row_pf(const block_q6_K *B, __m512i *A0, __m512i *B0, __m512i *A1, __m512i *B1, __m512i *P0, __m512i *P1,
+                     const int pfd) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
-    if (G4X_Q6PF > 0) {
-        const char *pf = (const char *)(B + G4X_Q6PF);
+    if (pfd > 0) {
+        const char *pf = (const char *)(B + pfd);
         _mm_prefetch(pf, _MM_HINT_T0);
         _mm_prefetch(pf + 64, _MM_HINT_T0);
         _mm_prefetch(pf + 128, _MM_HINT_T0);
@@ -178,6 +179,9 @@ G4_AI void q6_row(const block_q6_K *B, __m512i *A0, __m512i *B0, __m512i *A1, __
     const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)B->scales)));
     *P0 = _mm512_permutexvar_epi16(Q6_I0, sc);
     *P1 = _mm512_permutexvar_epi16(_mm512_add_epi16(Q6_I0, _mm512_set1_epi16(4)), sc);
+}
+G4_AI void q6_row(const block_q6_K *B, __m512i *A0, __m512i *B0, __m512i *A1, __m512i *B1, __m512i *P0, __m512i *P1) {
+    q6_row_pf(B, A0, B0, A1, B1, P0, P1, G4X_Q6PF);
 }
 
 /* the 8 pair vectors of 16 items -> one vector, lane i = item q6_item_of_lane(i) */
@@ -327,15 +331,127 @@ G4_AI void q6_gemm_batch(const int NT, const uint8_t *w, size_t wrb, const uint8
     }
 }
 
-/* one token takes the batch path too, as 16 rows x 1 token (q6_group's NT == 1 branch: rows paired
- * in the packs). It was 4 rows x 4 token slots (3 empty): paired runs with two threads streaming
+/* ---- one token, streamed (the default; G4X_Q6STREAM=0 gives q6_group's NT == 1 branch back): the same
+ * 16-row groups, per-(row, block) integers and merges, but the group's rows are read as a few long
+ * sequential runs instead of 16 interleaved streams. A pass takes G4X_Q6RP row pairs over G4X_Q6SB
+ * blocks and parks its pair vectors (and the rows' f16 scales) in an L1 buffer; after the 8 pairs the
+ * 16-row merges and the float sequence run block by block from it. Each pass prefetches, at the block
+ * it reads, the rows of the pass at least G4X_Q6PFB bytes ahead (crossing into the next group), as
+ * the avx2 rows8 kernels sweep their next group. Same integers, same float sequence per row: same bits.
+ * Zen 5 VM (1 thread, bench/kernel_micro.c, ns per 32 weights from memory, 1 GiB; minima of 4-5
+ * alternations, interleaved form -> this): k = 1024 (the 31B assistant's LM head) 1.94-2.02 -> 0.74-0.77,
+ * k = 5376 1.09-1.17 -> 0.88-0.92, k = 21504 0.84-0.92 -> 0.86-0.94; in L2 (128 rows, k = 5376)
+ * 1.07x the time. The interleaved form with its in-row prefetch was chosen on an AMX Xeon. */
+#ifndef G4X_Q6SB
+#define G4X_Q6SB 32 /* blocks per sub-chunk: 8 pair vectors x 64 B x 32 = 16 KiB of L1 */
+#endif
+#ifndef G4X_Q6RP
+#define G4X_Q6RP 2 /* row pairs per pass */
+#endif
+#ifndef G4X_Q6STREAM
+#define G4X_Q6STREAM 1
+#endif
+#ifndef G4X_Q6NPF
+#define G4X_Q6NPF 1 /* 1: prefetch the rows of a later pass (above); 0: in-row, G4X_Q6PF blocks ahead */
+#endif
+#ifndef G4X_Q6PFB
+#define G4X_Q6PFB 4096 /* at least this many bytes of rows ahead (whole passes) */
+#endif
+
+static void q6_gemv_stream(const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
+                           int64_t k, int64_t r0, int64_t r1) {
+    const int64_t nb = k / QK_K;
+    int KC = XBUF6 / (XS6 + 64);
+    if (KC > nb) KC = (int)nb;
+    _Alignas(64) uint8_t xp[XBUF6];
+    _Alignas(64) float dxl[(XBUF6 / XS6) * 16];
+    _Alignas(64) __m512i pv[G4X_Q6SB * 8];
+    _Alignas(64) uint16_t dq[G4X_Q6SB * 16];
+    int rowof[16], tokof[16], valid[16];
+    for (int i = 0; i < 16; i++) {
+        rowof[i] = q6_item_of_lane(i);
+        tokof[i] = 0;
+        valid[i] = 1;
+    }
+    const __m512i rowidx = _mm512_loadu_si512(rowof);
+    for (int64_t c0 = 0; c0 < nb; c0 += KC) {
+        const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
+        if (q6_prepare(x, xrb, 1, 1, c0, kc, xp, dxl)) {
+            q6_gemm(1, w, wrb, x, xrb, y, ldy, k, r0, r1);
+            return;
+        }
+        for (int64_t r = r0; r < r1; r += 16) {
+            const int nr = (int)(r1 - r < 16 ? r1 - r : 16);
+            const block_q6_K *wrow[16];
+            for (int i = 0; i < 16; i++)
+                wrow[i] = (const block_q6_K *)(w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb) + c0;
+            __m512 acc = g4x_items_load(y, ldy, r, nr, c0, valid, rowof, tokof);
+            for (int s0 = 0; s0 < kc; s0 += G4X_Q6SB) {
+                const int sb = kc - s0 < G4X_Q6SB ? kc - s0 : G4X_Q6SB;
+                const int64_t passb = (int64_t)2 * G4X_Q6RP * sb * (int64_t)sizeof(block_q6_K);
+                const int ahead = (int)((G4X_Q6PFB + passb - 1) / passb);
+                for (int p0 = 0; p0 < 8; p0 += G4X_Q6RP) {
+                    /* the rows of the next pass (in this group or the next one), if any */
+                    const block_q6_K *nx[2 * G4X_Q6RP];
+                    int nnx = 0;
+                    for (int j = 0; j < 2 * G4X_Q6RP; j++) {
+                        const int64_t rr = r + 2 * (p0 + ahead * G4X_Q6RP) + j;
+                        if (rr < r1) nx[nnx++] = (const block_q6_K *)(w + (size_t)rr * wrb) + c0 + s0;
+                    }
+                    for (int b = 0; b < sb; b++) {
+                        if (G4X_Q6NPF)
+                            for (int j = 0; j < nnx; j++) {
+                                const char *pf = (const char *)(nx[j] + b);
+                                _mm_prefetch(pf, _MM_HINT_T0);
+                                _mm_prefetch(pf + 64, _MM_HINT_T0);
+                                _mm_prefetch(pf + 128, _MM_HINT_T0);
+                                _mm_prefetch(pf + 192, _MM_HINT_T0);
+                            }
+                        const uint8_t *xa = xp + (size_t)(s0 + b) * XS6;
+                        const __m512i xa0 = _mm512_load_si512(xa), xa1 = _mm512_load_si512(xa + 64);
+                        const __m512i xa2 = _mm512_load_si512(xa + 128), xa3 = _mm512_load_si512(xa + 192);
+                        const __m512i oa0 = _mm512_load_si512(xa + 256), oa1 = _mm512_load_si512(xa + 320);
+#pragma GCC unroll 4
+                        for (int p = p0; p < p0 + G4X_Q6RP; p++) {
+                            __m512i c[2][2], P[2][2];
+#pragma GCC unroll 2
+                            for (int j = 0; j < 2; j++) {
+                                const block_q6_K *B = wrow[2 * p + j] + s0 + b;
+                                __m512i A0, B0, A1, B1;
+                                q6_row_pf(B, &A0, &B0, &A1, &B1, &P[j][0], &P[j][1], G4X_Q6NPF ? 0 : G4X_Q6PF);
+                                c[j][0] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(oa0, A0, xa0), B0, xa1);
+                                c[j][1] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(oa1, A1, xa2), B1, xa3);
+                                dq[b * 16 + 2 * p + j] = B->d;
+                            }
+                            const __m512i q0 = _mm512_mask_blend_epi16(0xF0F0F0F0u, P[0][0], P[1][0]);
+                            const __m512i q1 = _mm512_mask_blend_epi16(0xF0F0F0F0u, P[0][1], P[1][1]);
+                            pv[b * 8 + p] = _mm512_add_epi32(_mm512_madd_epi16(_mm512_packs_epi32(c[0][0], c[1][0]), q0),
+                                                             _mm512_madd_epi16(_mm512_packs_epi32(c[0][1], c[1][1]), q1));
+                        }
+                    }
+                }
+                for (int b = 0; b < sb; b++) {
+                    const __m512i S1 = q6_reduce8(pv + (size_t)b * 8);
+                    const __m512 dw1 = _mm512_permutexvar_ps(
+                        rowidx, _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(dq + b * 16))));
+                    const __m512 dd1 = _mm512_mul_ps(dw1, _mm512_load_ps(dxl + (size_t)(s0 + b) * 16));
+                    acc = _mm512_add_ps(acc, _mm512_mul_ps(dd1, _mm512_cvtepi32_ps(S1)));
+                }
+            }
+            g4x_items_store(y, ldy, r, nr, acc, valid, rowof, tokof);
+        }
+    }
+}
+
+/* one token: q6_gemv_stream (above), or with G4X_Q6STREAM=0 the batch path as 16 rows x 1 token
+ * (q6_group's NT == 1 branch: rows paired in the packs). That branch was 4 rows x 4 token slots (3 empty): paired runs with two threads streaming
  * (390 MiB each, Sapphire Rapids-class VM) read 44 ms for that against 70 ms for the older one-row
  * path; the 16-row form, single thread, A/B in one process (2-vCPU Xeon with AMX, medians of 9
  * alternating calls, k = 5376): 0.81-0.97x the time in L2, 0.93-0.99x from memory. Every path
  * computes the same per-(row, token) sequence, so the bits are the same. */
 #define Q6_CASES \
     switch (n_tok) { \
-    case 1: q6_gemm_batch(1, w, wrb, x, xrb, y, ldy, k, r0, r1); break; \
+    case 1: if (G4X_Q6STREAM) q6_gemv_stream(w, wrb, x, xrb, y, ldy, k, r0, r1); else q6_gemm_batch(1, w, wrb, x, xrb, y, ldy, k, r0, r1); break; \
     case 2: q6_gemm_batch(2, w, wrb, x, xrb, y, ldy, k, r0, r1); break; \
     case 3: q6_gemm_batch(3, w, wrb, x, xrb, y, ldy, k, r0, r1); break; \
     case 4: q6_gemm_batch(4, w, wrb, x, xrb, y, ldy, k, r0, r1); break; \
