@@ -72,97 +72,49 @@ G4_AI void k_unpack_scales(const uint8_t *s12, uint64_t *sc8, uint64_t *mn8) {
     *mn8 = (uint64_t)m03 | ((uint64_t)m47 << 32);
 }
 
-/* One group of R = 16/NT rows x NT tokens, block b of the chunk. Q5 selects Q5_K. */
-G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const uint8_t *xp, const float *dx,
-                   const uint32_t *xm, const int b, __m512 *accp, const __m512i rowidx, const __m512i tokidx,
-                   const size_t pfrow) {
-    const int R = 16 / NT, NI = R * NT;
-    const size_t BB = Q5 ? 176 : 144;
+/* One row's block: its 8 scales and 8 mins (bytes), d and dmin (the block's first 4 bytes) and the
+ * nibbles (+ the fifth bit for Q5_K) unpacked to k_prepare's permuted order in W[0..3]. */
+G4_AI void k_row(const int Q5, const uint8_t *blk, uint64_t *sc8, uint64_t *mn8, uint32_t *dwm, __m512i *W) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i sh = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
+    k_unpack_scales(blk + 4, sc8, mn8);
+    memcpy(dwm, blk, 4);
+    const uint8_t *qs = blk + (Q5 ? 48 : 16);
+    const __m512i Q0 = _mm512_loadu_si512(qs), Q1 = _mm512_loadu_si512(qs + 64);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) {
+        const __m512i idx = _mm512_setr_epi64(v, v, 4 + v, 4 + v, 8 + v, 8 + v, 12 + v, 12 + v);
+        W[v] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(Q0, idx, Q1), sh), m4);
+        if (Q5) {
+            uint64_t qh;
+            memcpy(&qh, blk + 16 + 8 * v, 8);
+            const __m512i hq = _mm512_set1_epi64((long long)qh);
+            /* byte p of vector v: sub-block j = p/8, element 8v + p%8 -> bit j of qh[8v + p%8] */
+            const __m512i bm = _mm512_set_epi64(0x8080808080808080ll, 0x4040404040404040ll, 0x2020202020202020ll,
+                                                0x1010101010101010ll, 0x0808080808080808ll, 0x0404040404040404ll,
+                                                0x0202020202020202ll, 0x0101010101010101ll);
+            W[v] = _mm512_mask_add_epi8(W[v], _mm512_test_epi8_mask(hq, bm), W[v], _mm512_set1_epi8(16));
+        }
+    }
+}
+
+/* The int16 scale operand of a (row a, row b) pair for vpmaddwd: scales sa of the first item, sb of the second */
+G4_AI __m512i k_scp(uint64_t sa, uint64_t sb) {
     /* byte pattern: int16 lanes [sa_2q sa_2q sa_2q+1 sa_2q+1 sb_2q sb_2q sb_2q+1 sb_2q+1] in 128-bit lane q */
     const __m512i pat = _mm512_set_epi8(
         -1, 15, -1, 15, -1, 14, -1, 14, -1, 7, -1, 7, -1, 6, -1, 6,
         -1, 13, -1, 13, -1, 12, -1, 12, -1, 5, -1, 5, -1, 4, -1, 4,
         -1, 11, -1, 11, -1, 10, -1, 10, -1, 3, -1, 3, -1, 2, -1, 2,
         -1, 9, -1, 9, -1, 8, -1, 8, -1, 1, -1, 1, -1, 0, -1, 0);
-    __m512i Sv[8];
-    uint32_t dwm[16];
-    _Alignas(64) uint64_t mnr[16]; /* the 8 mins of each row (bytes); rows >= R are never read by a lane */
-    /* pending first item of a pair */
-    __m512i Pa = _mm512_setzero_si512(), Pa2 = _mm512_setzero_si512();
-    uint64_t Psc = 0;
-#pragma GCC unroll 16
-    for (int i = 0; i < R; i++) {
-        const uint8_t *blk = wrow[i] + (size_t)b * BB;
-        { /* may point past the matrix: prefetches do not fault */
-            const char *nx = (const char *)blk + pfrow;
-            _mm_prefetch(nx, _MM_HINT_T1);
-            _mm_prefetch(nx + 64, _MM_HINT_T1);
-            _mm_prefetch(nx + 128, _MM_HINT_T1);
-        }
-        if (G4X_PF > 0) {
-            _mm_prefetch((const char *)blk + G4X_PF * BB, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + G4X_PF * BB + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + G4X_PF * BB + 128, _MM_HINT_T0);
-        }
-        uint64_t sc8, mn8;
-        k_unpack_scales(blk + 4, &sc8, &mn8);
-        mnr[i] = mn8;
-        memcpy(&dwm[i], blk, 4);
-        const uint8_t *qs = blk + (Q5 ? 48 : 16);
-        const __m512i Q0 = _mm512_loadu_si512(qs), Q1 = _mm512_loadu_si512(qs + 64);
-        __m512i W[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) {
-            const __m512i idx = _mm512_setr_epi64(v, v, 4 + v, 4 + v, 8 + v, 8 + v, 12 + v, 12 + v);
-            W[v] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(Q0, idx, Q1), sh), m4);
-            if (Q5) {
-                uint64_t qh;
-                memcpy(&qh, blk + 16 + 8 * v, 8);
-                const __m512i hq = _mm512_set1_epi64((long long)qh);
-                /* byte p of vector v: sub-block j = p/8, element 8v + p%8 -> bit j of qh[8v + p%8] */
-                const __m512i bm = _mm512_set_epi64(0x8080808080808080ll, 0x4040404040404040ll, 0x2020202020202020ll,
-                                                    0x1010101010101010ll, 0x0808080808080808ll, 0x0404040404040404ll,
-                                                    0x0202020202020202ll, 0x0101010101010101ll);
-                W[v] = _mm512_mask_add_epi8(W[v], _mm512_test_epi8_mask(hq, bm), W[v], _mm512_set1_epi8(16));
-            }
-        }
-        __m512i scp_row = _mm512_setzero_si512();
-        if (NT % 2 == 0) scp_row = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set1_epi64x((long long)sc8)), pat);
-#pragma GCC unroll 16
-        for (int t = 0; t < NT; t++) {
-            const int it = i * NT + t;
-            const uint8_t *xv = xp + ((size_t)b * NT + t) * XS;
-            __m512i Dv, Dv2 = _mm512_setzero_si512();
-            if (!Q5) {
-                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
-                d = _mm512_dpbusd_epi32(d, W[1], _mm512_loadu_si512(xv + 64));
-                d = _mm512_dpbusd_epi32(d, W[2], _mm512_loadu_si512(xv + 128));
-                Dv = _mm512_dpbusd_epi32(d, W[3], _mm512_loadu_si512(xv + 192));
-            } else { /* 5-bit weights: two chains so every lane fits int16 */
-                const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
-                const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[2], _mm512_loadu_si512(xv + 128));
-                Dv = _mm512_dpbusd_epi32(d0, W[1], _mm512_loadu_si512(xv + 64));
-                Dv2 = _mm512_dpbusd_epi32(d1, W[3], _mm512_loadu_si512(xv + 192));
-            }
-            if (it % 2 == 0 && it + 1 < NI) { Pa = Dv; Pa2 = Dv2; Psc = sc8; continue; }
-            /* finish pair p = it / 2: (pending, this) or (this, nothing) */
-            const int p = it / 2, single = it % 2 == 0;
-            const __m512i da = single ? Dv : Pa, db = single ? _mm512_setzero_si512() : Dv;
-            const __m512i da2 = single ? Dv2 : Pa2, db2 = single ? _mm512_setzero_si512() : Dv2;
-            __m512i scp;
-            if (NT % 2 == 0) scp = scp_row;
-            else {
-                const uint64_t sa = single ? sc8 : Psc;
-                scp = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)sc8, (long long)sa)), pat);
-            }
-            __m512i s = _mm512_madd_epi16(_mm512_packs_epi32(da, db), scp);
-            if (Q5) s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_packs_epi32(da2, db2), scp));
-            Sv[p] = s;
-        }
-    }
-    for (int p = (NI + 1) / 2; p < 8; p++) Sv[p] = _mm512_setzero_si512();
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_set_epi64x((long long)sb, (long long)sa)), pat);
+}
+
+/* The end of a block for 16 items: the pair vectors Sv[8] merged to S, M from the rows' mins mnr
+ * (R = 16 / NT rows, 8 bytes each) and the tokens' bsum pairs in xm, d / dmin from dwm (row order),
+ * then the float sequence on the item lanes into *accp. */
+G4_AI void k_finish(const int NT, __m512i *Sv, const uint64_t *mnr, const uint32_t *dwm, const uint32_t *xm,
+                    const float *dx, const int b, __m512 *accp, const __m512i rowidx, const __m512i tokidx) {
+    const int R = 16 / NT;
     __m512i U[4], T[2];
     for (int u = 0; u < 4; u++) U[u] = g4x_merge(Sv[2 * u], Sv[2 * u + 1], 1);
     for (int u = 0; u < 2; u++) T[u] = g4x_merge(U[2 * u], U[2 * u + 1], 4);
@@ -210,6 +162,74 @@ G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const
     *accp = _mm512_add_ps(*accp, tv);
 }
 
+/* One group of R = 16/NT rows x NT tokens, block b of the chunk. Q5 selects Q5_K. */
+G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const uint8_t *xp, const float *dx,
+                   const uint32_t *xm, const int b, __m512 *accp, const __m512i rowidx, const __m512i tokidx,
+                   const size_t pfrow) {
+    const int R = 16 / NT, NI = R * NT;
+    const size_t BB = Q5 ? 176 : 144;
+    __m512i Sv[8];
+    uint32_t dwm[16];
+    _Alignas(64) uint64_t mnr[16]; /* the 8 mins of each row (bytes); rows >= R are never read by a lane */
+    /* pending first item of a pair */
+    __m512i Pa = _mm512_setzero_si512(), Pa2 = _mm512_setzero_si512();
+    uint64_t Psc = 0;
+#pragma GCC unroll 16
+    for (int i = 0; i < R; i++) {
+        const uint8_t *blk = wrow[i] + (size_t)b * BB;
+        { /* may point past the matrix: prefetches do not fault */
+            const char *nx = (const char *)blk + pfrow;
+            _mm_prefetch(nx, _MM_HINT_T1);
+            _mm_prefetch(nx + 64, _MM_HINT_T1);
+            _mm_prefetch(nx + 128, _MM_HINT_T1);
+        }
+        if (G4X_PF > 0) {
+            _mm_prefetch((const char *)blk + G4X_PF * BB, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + G4X_PF * BB + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + G4X_PF * BB + 128, _MM_HINT_T0);
+        }
+        uint64_t sc8, mn8;
+        __m512i W[4];
+        k_row(Q5, blk, &sc8, &mn8, &dwm[i], W);
+        mnr[i] = mn8;
+        __m512i scp_row = _mm512_setzero_si512();
+        if (NT % 2 == 0) scp_row = k_scp(sc8, sc8);
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; t++) {
+            const int it = i * NT + t;
+            const uint8_t *xv = xp + ((size_t)b * NT + t) * XS;
+            __m512i Dv, Dv2 = _mm512_setzero_si512();
+            if (!Q5) {
+                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
+                d = _mm512_dpbusd_epi32(d, W[1], _mm512_loadu_si512(xv + 64));
+                d = _mm512_dpbusd_epi32(d, W[2], _mm512_loadu_si512(xv + 128));
+                Dv = _mm512_dpbusd_epi32(d, W[3], _mm512_loadu_si512(xv + 192));
+            } else { /* 5-bit weights: two chains so every lane fits int16 */
+                const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_loadu_si512(xv));
+                const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[2], _mm512_loadu_si512(xv + 128));
+                Dv = _mm512_dpbusd_epi32(d0, W[1], _mm512_loadu_si512(xv + 64));
+                Dv2 = _mm512_dpbusd_epi32(d1, W[3], _mm512_loadu_si512(xv + 192));
+            }
+            if (it % 2 == 0 && it + 1 < NI) { Pa = Dv; Pa2 = Dv2; Psc = sc8; continue; }
+            /* finish pair p = it / 2: (pending, this) or (this, nothing) */
+            const int p = it / 2, single = it % 2 == 0;
+            const __m512i da = single ? Dv : Pa, db = single ? _mm512_setzero_si512() : Dv;
+            const __m512i da2 = single ? Dv2 : Pa2, db2 = single ? _mm512_setzero_si512() : Dv2;
+            __m512i scp;
+            if (NT % 2 == 0) scp = scp_row;
+            else {
+                const uint64_t sa = single ? sc8 : Psc;
+                scp = k_scp(sa, sc8);
+            }
+            __m512i s = _mm512_madd_epi16(_mm512_packs_epi32(da, db), scp);
+            if (Q5) s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_packs_epi32(da2, db2), scp));
+            Sv[p] = s;
+        }
+    }
+    for (int p = (NI + 1) / 2; p < 8; p++) Sv[p] = _mm512_setzero_si512();
+    k_finish(NT, Sv, mnr, dwm, xm, dx, b, accp, rowidx, tokidx);
+}
+
 G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
                   int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
     const int R = 16 / NT, NI = R * NT;
@@ -254,9 +274,114 @@ G4_AI void k_gemm(const int NT, const int Q5, const uint8_t *w, size_t wrb, cons
     }
 }
 
+/* One token, streamed (the default; G4X_KSTREAM=0 gives k_block's 16-row NT == 1 form back): as the
+ * Q6_K one (gemm_q6k_avx512.c, q6_gemv_stream), the 16-row group's rows are read as a few long
+ * sequential runs: a pass takes G4X_KRP row pairs over G4X_KSB blocks and parks the pair vectors, the
+ * rows' mins and d / dmin in L1 buffers, prefetching the rows of the pass at least G4X_KPFB bytes ahead
+ * at the block it reads; then k_finish runs block by block. Same integers and float sequence: same bits. */
+#ifndef G4X_KSTREAM
+#define G4X_KSTREAM 1
+#endif
+#ifndef G4X_KSB
+#define G4X_KSB 32
+#endif
+#ifndef G4X_KRP
+#define G4X_KRP 2
+#endif
+#ifndef G4X_KPFB
+#define G4X_KPFB 4096
+#endif
+
+G4_AI void k_gemv_stream(const int Q5, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
+                         int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
+    const size_t BB = Q5 ? 176 : 144;
+    const int64_t nb = k / QK_K;
+    enum { KCMAX = XBUF / (XS + XM) };
+    int KC = KCMAX;
+    if (KC > nb) KC = (int)nb;
+    _Alignas(64) uint8_t xp[XBUF];
+    uint32_t *const xm = (uint32_t *)(xp + (size_t)KC * XS);
+    _Alignas(64) float dx[KCMAX * 16];
+    _Alignas(64) __m512i sv[G4X_KSB * 8];
+    _Alignas(64) uint64_t mnb[G4X_KSB * 16];
+    _Alignas(64) uint32_t dwb[G4X_KSB * 16];
+    int rowof[16], tokof[16], valid[16];
+    for (int i = 0; i < 16; i++) {
+        rowof[i] = k_item_of_lane(i);
+        tokof[i] = 0;
+        valid[i] = 1;
+    }
+    const __m512i rowidx = _mm512_loadu_si512(rowof), tokidx = _mm512_setzero_si512();
+    for (int64_t c0 = 0; c0 < nb; c0 += KC) {
+        const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
+        k_prepare(x, xrb, 1, c0, kc, xp, dx, xm, tokof);
+        for (int64_t r = r0; r < r1; r += 16) {
+            const int nr = (int)(r1 - r < 16 ? r1 - r : 16);
+            const uint8_t *wrow[16];
+            for (int i = 0; i < 16; i++) wrow[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * BB;
+            __m512 acc = g4x_items_load(y, ldy, r, nr, c0, valid, rowof, tokof);
+            for (int s0 = 0; s0 < kc; s0 += G4X_KSB) {
+                const int sb = kc - s0 < G4X_KSB ? kc - s0 : G4X_KSB;
+                const int64_t passb = (int64_t)2 * G4X_KRP * sb * (int64_t)BB;
+                const int ahead = (int)((G4X_KPFB + passb - 1) / passb);
+                for (int p0 = 0; p0 < 8; p0 += G4X_KRP) {
+                    const uint8_t *nx[2 * G4X_KRP];
+                    int nnx = 0;
+                    for (int j = 0; j < 2 * G4X_KRP; j++) {
+                        const int64_t rr = r + 2 * (p0 + ahead * G4X_KRP) + j;
+                        if (rr < r1) nx[nnx++] = w + (size_t)rr * wrb + (size_t)(c0 + s0) * BB;
+                    }
+                    for (int b = 0; b < sb; b++) {
+                        for (int j = 0; j < nnx; j++) {
+                            const char *pf = (const char *)nx[j] + (size_t)b * BB;
+                            _mm_prefetch(pf, _MM_HINT_T0);
+                            _mm_prefetch(pf + 64, _MM_HINT_T0);
+                            _mm_prefetch(pf + 128, _MM_HINT_T0);
+                        }
+                        const uint8_t *xv = xp + (size_t)(s0 + b) * XS;
+                        const __m512i x0 = _mm512_loadu_si512(xv), x1 = _mm512_loadu_si512(xv + 64);
+                        const __m512i x2 = _mm512_loadu_si512(xv + 128), x3 = _mm512_loadu_si512(xv + 192);
+#pragma GCC unroll 4
+                        for (int p = p0; p < p0 + G4X_KRP; p++) {
+                            __m512i D[2], D2[2];
+                            uint64_t sc[2];
+#pragma GCC unroll 2
+                            for (int j = 0; j < 2; j++) {
+                                const int i = 2 * p + j;
+                                __m512i W[4];
+                                k_row(Q5, wrow[i] + (size_t)(s0 + b) * BB, &sc[j], &mnb[b * 16 + i], &dwb[b * 16 + i], W);
+                                if (!Q5) {
+                                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], x0);
+                                    d = _mm512_dpbusd_epi32(d, W[1], x1);
+                                    d = _mm512_dpbusd_epi32(d, W[2], x2);
+                                    D[j] = _mm512_dpbusd_epi32(d, W[3], x3);
+                                    D2[j] = _mm512_setzero_si512();
+                                } else {
+                                    const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], x0);
+                                    const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[2], x2);
+                                    D[j] = _mm512_dpbusd_epi32(d0, W[1], x1);
+                                    D2[j] = _mm512_dpbusd_epi32(d1, W[3], x3);
+                                }
+                            }
+                            const __m512i scp = k_scp(sc[0], sc[1]);
+                            __m512i v = _mm512_madd_epi16(_mm512_packs_epi32(D[0], D[1]), scp);
+                            if (Q5) v = _mm512_add_epi32(v, _mm512_madd_epi16(_mm512_packs_epi32(D2[0], D2[1]), scp));
+                            sv[b * 8 + p] = v;
+                        }
+                    }
+                }
+                for (int b = 0; b < sb; b++)
+                    k_finish(1, sv + (size_t)b * 8, mnb + (size_t)b * 16, dwb + (size_t)b * 16, xm, dx, s0 + b, &acc,
+                             rowidx, tokidx);
+            }
+            g4x_items_store(y, ldy, r, nr, acc, valid, rowof, tokof);
+        }
+    }
+}
+
 #define K_CASES(Q5)                                                                                   \
     switch (n_tok) {                                                                                  \
-    case 1: k_gemm(1, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
+    case 1: if (G4X_KSTREAM) k_gemv_stream(Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); else k_gemm(1, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break; \
     case 2: k_gemm(2, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
     case 3: k_gemm(3, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
     case 4: k_gemm(4, Q5, w, wrb, x, xrb, y, ldy, k, r0, r1); break;                                  \
