@@ -105,6 +105,15 @@ def test_spec_cost_model():
     # a noisy extrapolation can make c(n) < c(1) (seen: c60(4)/c60(1) = 0.98): flagged, not judged
     assert bs.implausible({1: 1.0, 2: 1.1, 3: 1.3}) == []
     assert bs.implausible({1: 1.0, 2: 1.1, 4: 0.98, 5: 0.5}) == [4, 5]
+    # with noise bands: a dip inside s(n) + s(1) is not flagged, one beyond it is
+    runs = {1: [0.9, 1.0, 1.0, 1.1], 4: [0.96, 0.98, 0.98, 1.0], 5: [0.5, 0.5, 0.5, 0.5]}
+    s = bs.spread(runs)
+    assert s[1] == pytest.approx((1.025 - 0.975) / 2) and s[5] == 0.0   # numpy's linear quartiles
+    assert bs.implausible({1: 1.0, 4: 0.98, 5: 0.5}, s) == [5]
+    assert bs.implausible({1: 1.0, 4: 0.96}, s) == [4]                   # 0.96 + 0.005 + 0.025 < 1
+    # bands through the extrapolation: |1 - f| sA + f sB, f = 9 for 6 / 12 -> 60 layers
+    s60 = bs.extrapolate_spread({1: 0.01, 2: 0.02}, {1: 0.03, 2: 0.0}, 6, 12)
+    assert s60[1] == pytest.approx(8 * 0.01 + 9 * 0.03) and s60[2] == pytest.approx(8 * 0.02)
 
 
 def test_spec_cli_arguments(capsys):
