@@ -111,6 +111,11 @@ def test_spec_cost_model():
     assert s[1] == pytest.approx((1.025 - 0.975) / 2) and s[5] == 0.0   # numpy's linear quartiles
     assert bs.implausible({1: 1.0, 4: 0.98, 5: 0.5}, s) == [5]
     assert bs.implausible({1: 1.0, 4: 0.96}, s) == [4]                   # 0.96 + 0.005 + 0.025 < 1
+    # the verdict's costs: dips below c(1) raised to c(1), so noise cannot carry a speedup over the goal
+    assert bs.floored({1: 1.0, 2: 0.9, 4: 1.2}) == {1: 1.0, 2: 1.0, 4: 1.2}
+    flat = {n: 1.0 for n in range(1, 5)}
+    assert bs.model_speedup(bs.floored({**flat, 4: 0.94}), 0.02, 0.84, 3) == bs.model_speedup(flat, 0.02, 0.84, 3)
+    assert bs.model_speedup({**flat, 4: 0.94}, 0.02, 0.84, 3) > bs.model_speedup(flat, 0.02, 0.84, 3)
     # bands through the extrapolation: |1 - f| sA + f sB, f = 9 for 6 / 12 -> 60 layers
     s60 = bs.extrapolate_spread({1: 0.01, 2: 0.02}, {1: 0.03, 2: 0.0}, 6, 12)
     assert s60[1] == pytest.approx(8 * 0.01 + 9 * 0.03) and s60[2] == pytest.approx(8 * 0.02)
