@@ -77,7 +77,7 @@ G4_AI void k_unpack_scales(const uint8_t *s12, uint64_t *sc8, uint64_t *mn8) {
 G4_AI void k_row(const int Q5, const uint8_t *blk, uint64_t *sc8, uint64_t *mn8, uint32_t *dwm, __m512i *W) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i sh = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
-    k_unpack_scales(blk + 4, sc8, mn8);
+    if (sc8) k_unpack_scales(blk + 4, sc8, mn8);
     memcpy(dwm, blk, 4);
     const uint8_t *qs = blk + (Q5 ? 48 : 16);
     const __m512i Q0 = _mm512_loadu_si512(qs), Q1 = _mm512_loadu_si512(qs + 64);
@@ -162,6 +162,19 @@ G4_AI void k_finish(const int NT, __m512i *Sv, const uint64_t *mnr, const uint32
     *accp = _mm512_add_ps(*accp, tv);
 }
 
+/* k_unpack_scales for 4 rows at once: row j's 12 scale bytes (blk_j + 4) in 128-bit lane j as dwords
+ * [u0, u1, u2, -]; out: lane j = [sc8 (qword 0), mn8 (qword 1)] of row j, the same values. */
+#ifndef G4X_KVSC
+#define G4X_KVSC 1 /* 1: the scales of a group's rows unpacked 4 rows per vector (k_block); 0: row by row */
+#endif
+G4_AI __m512i k_unpack_scales4(const __m512i V) {
+    const __m512i P = _mm512_srlv_epi32(_mm512_shuffle_epi32(V, (_MM_PERM_ENUM)0x98), _mm512_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4));
+    const __m512i lo = _mm512_and_si512(P, _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f));
+    const __m512i Q = _mm512_srli_epi32(_mm512_shuffle_epi32(V, (_MM_PERM_ENUM)0x50), 6);
+    const __m512i hi = _mm512_slli_epi32(_mm512_and_si512(Q, _mm512_set4_epi32(0x03030303, 0, 0x03030303, 0)), 4);
+    return _mm512_or_si512(lo, hi);
+}
+
 /* One group of R = 16/NT rows x NT tokens, block b of the chunk. Q5 selects Q5_K. */
 G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const uint8_t *xp, const float *dx,
                    const uint32_t *xm, const int b, __m512 *accp, const __m512i rowidx, const __m512i tokidx,
@@ -174,6 +187,20 @@ G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const
     /* pending first item of a pair */
     __m512i Pa = _mm512_setzero_si512(), Pa2 = _mm512_setzero_si512();
     uint64_t Psc = 0;
+    _Alignas(64) uint64_t scm[16][2]; /* [row] = {sc8, mn8}, 4 rows a vector */
+    const int vsc = G4X_KVSC && R >= 4; /* measured: no gain with 1-2 rows a group */
+    if (vsc)
+#pragma GCC unroll 4
+        for (int i0 = 0; i0 < R; i0 += 4) {
+            __m512i V = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const int row = i0 + j < R ? i0 + j : R - 1;
+                const __m128i u = _mm_loadu_si128((const __m128i *)(wrow[row] + (size_t)b * BB + 4));
+                V = j == 0 ? _mm512_castsi128_si512(u) : _mm512_inserti32x4(V, u, j);
+            }
+            _mm512_store_si512(scm[i0], k_unpack_scales4(V));
+        }
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++) {
         const uint8_t *blk = wrow[i] + (size_t)b * BB;
@@ -190,7 +217,11 @@ G4_AI void k_block(const int NT, const int Q5, const uint8_t *const *wrow, const
         }
         uint64_t sc8, mn8;
         __m512i W[4];
-        k_row(Q5, blk, &sc8, &mn8, &dwm[i], W);
+        if (vsc) {
+            k_row(Q5, blk, NULL, NULL, &dwm[i], W);
+            sc8 = scm[i][0];
+            mn8 = scm[i][1];
+        } else k_row(Q5, blk, &sc8, &mn8, &dwm[i], W);
         mnr[i] = mn8;
         __m512i scp_row = _mm512_setzero_si512();
         if (NT % 2 == 0) scp_row = k_scp(sc8, sc8);
