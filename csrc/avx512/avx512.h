@@ -95,4 +95,26 @@ G4_AI void g4x_items_store(float *y, int64_t ldy, int64_t r, int nr, __m512 acc,
         if (valid[i] && rowof[i] < nr) y[tokof[i] * ldy + r + rowof[i]] = a[i];
 }
 
+/* The one-token streams (q6_gemv_stream, k_gemv_stream) read a 16-row group a pass of `pr` rows at a
+ * time (row0 = the pass's first row in the group starting at row r), pass_bytes per pass of a
+ * sub-chunk, and prefetch, at each block they read, the rows of the pass at least pfb bytes ahead
+ * (whole passes; crossing into the next group, never at or past r1). Fills nx with those rows'
+ * pointers at byte offset off into the row and returns their count. */
+G4_AI int g4x_stream_rows_ahead(const uint8_t *w, size_t wrb, int64_t r, int64_t r1, int row0, int pr,
+                                int64_t pass_bytes, int64_t pfb, size_t off, const uint8_t **nx) {
+    const int64_t ahead = (pfb + pass_bytes - 1) / pass_bytes;
+    int n = 0;
+    for (int j = 0; j < pr; j++) {
+        const int64_t rr = r + row0 + ahead * pr + j;
+        if (rr < r1) nx[n++] = w + (size_t)rr * wrb + off;
+    }
+    return n;
+}
+
+/* the cache lines of block b (bb bytes) of each of the n rows nx, into L1 */
+G4_AI void g4x_prefetch_block(const uint8_t *const *nx, int n, int64_t b, int bb) {
+    for (int j = 0; j < n; j++)
+        for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)nx[j] + (size_t)b * bb + o, _MM_HINT_T0);
+}
+
 #endif

@@ -354,21 +354,12 @@ G4_AI void k_gemv_stream(const int Q5, const uint8_t *w, size_t wrb, const uint8
             for (int s0 = 0; s0 < kc; s0 += G4X_KSB) {
                 const int sb = kc - s0 < G4X_KSB ? kc - s0 : G4X_KSB;
                 const int64_t passb = (int64_t)2 * G4X_KRP * sb * (int64_t)BB;
-                const int ahead = (int)((G4X_KPFB + passb - 1) / passb);
                 for (int p0 = 0; p0 < 8; p0 += G4X_KRP) {
                     const uint8_t *nx[2 * G4X_KRP];
-                    int nnx = 0;
-                    for (int j = 0; j < 2 * G4X_KRP; j++) {
-                        const int64_t rr = r + 2 * (p0 + ahead * G4X_KRP) + j;
-                        if (rr < r1) nx[nnx++] = w + (size_t)rr * wrb + (size_t)(c0 + s0) * BB;
-                    }
+                    const int nnx = g4x_stream_rows_ahead(w, wrb, r, r1, 2 * p0, 2 * G4X_KRP, passb, G4X_KPFB,
+                                                          (size_t)(c0 + s0) * BB, nx);
                     for (int b = 0; b < sb; b++) {
-                        for (int j = 0; j < nnx; j++) {
-                            const char *pf = (const char *)nx[j] + (size_t)b * BB;
-                            _mm_prefetch(pf, _MM_HINT_T0);
-                            _mm_prefetch(pf + 64, _MM_HINT_T0);
-                            _mm_prefetch(pf + 128, _MM_HINT_T0);
-                        }
+                        g4x_prefetch_block(nx, nnx, b, (int)BB);
                         const uint8_t *xv = xp + (size_t)(s0 + b) * XS;
                         const __m512i x0 = _mm512_loadu_si512(xv), x1 = _mm512_loadu_si512(xv + 64);
                         const __m512i x2 = _mm512_loadu_si512(xv + 128), x3 = _mm512_loadu_si512(xv + 192);

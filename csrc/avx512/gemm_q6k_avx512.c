@@ -389,24 +389,12 @@ static void q6_gemv_stream(const uint8_t *w, size_t wrb, const uint8_t *x, size_
             for (int s0 = 0; s0 < kc; s0 += G4X_Q6SB) {
                 const int sb = kc - s0 < G4X_Q6SB ? kc - s0 : G4X_Q6SB;
                 const int64_t passb = (int64_t)2 * G4X_Q6RP * sb * (int64_t)sizeof(block_q6_K);
-                const int ahead = (int)((G4X_Q6PFB + passb - 1) / passb);
                 for (int p0 = 0; p0 < 8; p0 += G4X_Q6RP) {
-                    /* the rows of the next pass (in this group or the next one), if any */
-                    const block_q6_K *nx[2 * G4X_Q6RP];
-                    int nnx = 0;
-                    for (int j = 0; j < 2 * G4X_Q6RP; j++) {
-                        const int64_t rr = r + 2 * (p0 + ahead * G4X_Q6RP) + j;
-                        if (rr < r1) nx[nnx++] = (const block_q6_K *)(w + (size_t)rr * wrb) + c0 + s0;
-                    }
+                    const uint8_t *nx[2 * G4X_Q6RP];
+                    const int nnx = g4x_stream_rows_ahead(w, wrb, r, r1, 2 * p0, 2 * G4X_Q6RP, passb, G4X_Q6PFB,
+                                                          (size_t)(c0 + s0) * sizeof(block_q6_K), nx);
                     for (int b = 0; b < sb; b++) {
-                        if (G4X_Q6NPF)
-                            for (int j = 0; j < nnx; j++) {
-                                const char *pf = (const char *)(nx[j] + b);
-                                _mm_prefetch(pf, _MM_HINT_T0);
-                                _mm_prefetch(pf + 64, _MM_HINT_T0);
-                                _mm_prefetch(pf + 128, _MM_HINT_T0);
-                                _mm_prefetch(pf + 192, _MM_HINT_T0);
-                            }
+                        if (G4X_Q6NPF) g4x_prefetch_block(nx, nnx, b, (int)sizeof(block_q6_K));
                         const uint8_t *xa = xp + (size_t)(s0 + b) * XS6;
                         const __m512i xa0 = _mm512_load_si512(xa), xa1 = _mm512_load_si512(xa + 64);
                         const __m512i xa2 = _mm512_load_si512(xa + 128), xa3 = _mm512_load_si512(xa + 192);
