@@ -714,8 +714,8 @@ def main(argv=None) -> int:
             bad = implausible(costs[key], spreads.get(key))
             if bad:
                 print(f"\nWARNING: c(n) < c(1) beyond the noise bands for n = {', '.join(map(str, bad))}: "
-                      "these costs are noise (rerun without --quick, or with more --a-runs, on a quieter host); the speedups "
-                      "above are not a result")
+                      "these costs are noise (rerun without --quick, or with more --a-runs, on a quieter "
+                      "host); the speedups above are not a result")
             if g is not None:
                 gf = model_speedup(floored(costs[key]), c_draft, GOAL[0], GOAL[1])
                 verdict = "not judged: implausible costs" if bad else "met" if gf >= GOAL[2] else "not met"
