@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -32,10 +33,30 @@ def test_probe_tiny():
         bw.measure_runs(len(cpus) + 1, cpus, gib=1 / 64)
 
 
+def test_probe_layouts():
+    """measure_best keeps the read pattern with the highest median, and returns its own runs;
+    a bad pattern is refused by the C side with a message, not read out of bounds."""
+    cpus = list(bw.ALLOWED_CPUS_AT_IMPORT)
+    lays = ((1, 0), (4, 256))
+    runs, best, every = bw.measure_best(1, cpus, gib=1 / 64, runs=5, warmup=1, layouts=lays)
+    assert set(every) == set(lays) and all(len(v) == 5 and min(v) > 0 for v in every.values())
+    assert runs == every[best]
+    assert statistics.median(runs) == max(statistics.median(v) for v in every.values())
+    assert bw.layout_name((2, 0)) == "2 streams" and bw.layout_name((8, 512)) == "8 streams + prefetch 512 B"
+    for bad in ((0, 0), (65, 0), (2, 100), (2, -64)):
+        with pytest.raises(RuntimeError, match="bad read pattern"):
+            bw.measure_layout(1, cpus, gib=1 / 64, runs=1, warmup=0, layout=bad)
+    with pytest.raises(RuntimeError, match="too small"):  # 64 streams x 128 B need 8 KiB a thread
+        bw.measure_layout(1, cpus, gib=4096 / bw.GIB, runs=1, warmup=0, layout=(64, 0))
+
+
 def test_probe_cli_json(capsys):
     assert bw.main(["--gib", "0.015625", "--threads", "1", "--json", "-"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["results"][0]["threads"] == 1 and res["results"][0]["gbs_median"] > 0
+    r = res["results"][0]
+    assert r["threads"] == 1 and r["gbs_median"] > 0
+    assert set(r["by_layout"]) == set(res["layouts"]) and r["layout"] in res["layouts"]
+    assert r["gbs_median"] == max(r["by_layout"].values())
 
 
 def test_header_and_table():

@@ -10,8 +10,10 @@
  * MPOL_BIND before the first touch), for the node-to-node matrix: threads on node i reading
  * memory of node j.
  *
- * The read loop walks each thread's slice as 8 side-by-side streams with software prefetch (see
- * read_sum) and uses 256-bit integer adds on four independent accumulators when compiled with
+ * g4bw_measure_layout() takes the read pattern too: the number of side-by-side streams a thread
+ * splits its slice into and the software prefetch distance (0: none). g4bw_measure /
+ * g4bw_measure_node walk 8 streams with prefetch 512 bytes ahead (see read_sum). The read loop
+ * uses 256-bit integer adds on four independent accumulators when compiled with
  * -mavx2 (the Python side does that only on CPUs with AVX2), so a pass is limited by memory,
  * not by instruction throughput; without AVX2 it is a scalar 64-bit loop with four
  * accumulators. The sums are folded into a volatile sink so the compiler cannot drop reads.
@@ -40,22 +42,27 @@ const char *g4bw_kind(void) { return G4BW_KIND; }
 
 static volatile uint64_t g4bw_sink;
 
-/* Read-sum n bytes at p (n a multiple of 1024, p 64-byte aligned) as G4BW_STREAMS contiguous
- * streams read side by side, each with a software prefetch G4BW_PF bytes ahead. One sequential
+/* Read-sum n bytes at p (n a multiple of 1024, p 64-byte aligned) as `streams` contiguous
+ * streams read side by side, each with a software prefetch pf bytes ahead (pf 0: none). Which
+ * pattern reads most depends on the core: one sequential
  * stream per core under-reads what the core can pull: the GEMV kernels read 8-16 rows at once with
  * prefetch and beat it by 15-25 % (2-vCPU Xeon VM: 1 stream 20.1 GB/s with 2 threads, 8 streams +
- * prefetch 24.9 GB/s, medians of 6 passes), which made "% of bandwidth" read above 100 %. */
-#define G4BW_STREAMS 8
+ * prefetch 24.9 GB/s, medians of 6 passes), which made "% of bandwidth" read above 100 %; on a
+ * 2-vCPU AMD EPYC Zen 5 VM, 2 streams without prefetch read 39-41 GB/s on one core where 8
+ * streams + prefetch read 32-34 (bandwidth.py measures several patterns and keeps the best). */
+#define G4BW_STREAMS 8 /* the default layout (g4bw_measure / g4bw_measure_node) */
 #define G4BW_PF 512
-static uint64_t read_sum(const uint8_t *p, size_t n) {
-    const size_t sl = n / G4BW_STREAMS / 128u * 128u; /* bytes per stream */
+static uint64_t read_sum(const uint8_t *p, size_t n, int streams, int pf) {
+    const size_t sl = n / (size_t)streams / 128u * 128u; /* bytes per stream */
 #if defined(__AVX2__)
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
     for (size_t i = 0; i < sl; i += 128)
-        for (int s = 0; s < G4BW_STREAMS; s++) {
+        for (int s = 0; s < streams; s++) {
             const uint8_t *q = p + (size_t)s * sl + i;
-            _mm_prefetch((const char *)q + G4BW_PF, _MM_HINT_T0);
-            _mm_prefetch((const char *)q + G4BW_PF + 64, _MM_HINT_T0);
+            if (pf > 0) {
+                _mm_prefetch((const char *)q + pf, _MM_HINT_T0);
+                _mm_prefetch((const char *)q + pf + 64, _MM_HINT_T0);
+            }
             a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)q));
             a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(q + 32)));
             a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(q + 64)));
@@ -68,7 +75,7 @@ static uint64_t read_sum(const uint8_t *p, size_t n) {
 #else
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (size_t i = 0; i < sl; i += 32)
-        for (int s = 0; s < G4BW_STREAMS; s++) {
+        for (int s = 0; s < streams; s++) {
             const uint64_t *q = (const uint64_t *)(p + (size_t)s * sl + i);
             s0 += q[0];
             s1 += q[1];
@@ -77,7 +84,7 @@ static uint64_t read_sum(const uint8_t *p, size_t n) {
         }
     uint64_t sum = s0 + s1 + s2 + s3;
 #endif
-    for (size_t i = sl * G4BW_STREAMS; i < n; i += 8) { /* the tail the streams leave (none for n % 1024 == 0) */
+    for (size_t i = sl * (size_t)streams; i < n; i += 8) { /* the tail the streams leave (none for n % 1024 == 0) */
         uint64_t v;
         memcpy(&v, p + i, 8);
         sum += v;
@@ -93,6 +100,7 @@ static double now_s(void) {
 
 typedef struct {
     int n_threads, passes;
+    int streams, pf;         /* read pattern (read_sum) */
     const int *cpus;
     uint8_t *buf;
     size_t slice;            /* bytes per thread (multiple of 4096) */
@@ -137,7 +145,7 @@ static void *worker(void *argp) {
     for (int r = 0; r < c->passes; r++) {
         pthread_barrier_wait(&c->bar);
         double t0 = a->ith == 0 ? now_s() : 0.0;
-        acc += read_sum(mine, c->slice);
+        acc += read_sum(mine, c->slice, c->streams, c->pf);
         pthread_barrier_wait(&c->bar);
         if (a->ith == 0) c->pass_s[r] = now_s() - t0;
     }
@@ -157,15 +165,29 @@ int g4bw_measure(int n_threads, const int *cpus, size_t bytes, int warmup, int r
 }
 
 /* mem_node >= 0: the buffer's pages are all allocated on that node (MPOL_BIND), else first touch. */
+int g4bw_measure_layout(int n_threads, const int *cpus, size_t bytes, int mem_node, int streams, int pf,
+                        int warmup, int runs, double *out_gbs, int *out_pin_errors, char *msg, size_t msg_len);
 int g4bw_measure_node(int n_threads, const int *cpus, size_t bytes, int mem_node, int warmup, int runs,
                       double *out_gbs, int *out_pin_errors, char *msg, size_t msg_len) {
+    return g4bw_measure_layout(n_threads, cpus, bytes, mem_node, G4BW_STREAMS, G4BW_PF, warmup, runs, out_gbs,
+                               out_pin_errors, msg, msg_len);
+}
+/* streams: 1..64 side-by-side streams per thread; pf: prefetch distance in bytes (0: none, else a
+ * multiple of 64 up to 1 MiB). */
+int g4bw_measure_layout(int n_threads, const int *cpus, size_t bytes, int mem_node, int streams, int pf,
+                        int warmup, int runs, double *out_gbs, int *out_pin_errors, char *msg, size_t msg_len) {
     if (n_threads < 1 || runs < 1 || warmup < 0) {
         snprintf(msg, msg_len, "bad arguments: threads=%d runs=%d warmup=%d", n_threads, runs, warmup);
         return EINVAL;
     }
+    if (streams < 1 || streams > 64 || pf < 0 || pf > (1 << 20) || pf % 64) {
+        snprintf(msg, msg_len, "bad read pattern: streams=%d (1..64), prefetch=%d (0..1 MiB, a multiple of 64)",
+                 streams, pf);
+        return EINVAL;
+    }
     size_t slice = bytes / (size_t)n_threads / 4096u * 4096u;
-    if (slice == 0) {
-        snprintf(msg, msg_len, "buffer of %zu bytes too small for %d threads", bytes, n_threads);
+    if (slice < (size_t)streams * 128u) {
+        snprintf(msg, msg_len, "buffer of %zu bytes too small for %d threads x %d streams", bytes, n_threads, streams);
         return EINVAL;
     }
     size_t total = slice * (size_t)n_threads;
@@ -201,6 +223,8 @@ int g4bw_measure_node(int n_threads, const int *cpus, size_t bytes, int mem_node
     memset(&c, 0, sizeof(c));
     c.n_threads = n_threads;
     c.passes = warmup + runs;
+    c.streams = streams;
+    c.pf = pf;
     c.cpus = cpus;
     c.buf = (uint8_t *)mem;
     c.slice = slice;
