@@ -4,26 +4,32 @@
 # noisy host moves both alike; a ratio of minima is what this measures). Also checks that both
 # builds give the same output bytes (hash), which every kernel change here must keep.
 #
-#   bench/ab_kernels.sh [-r REV] [-i ISA] [-c CPU] [-n ROUNDS] [-A FLAGS] [-B FLAGS] TYPE K ROWS NTOK...
+#   bench/ab_kernels.sh [-r REV] [-i ISA] [-c CPU] [-n ROUNDS] [-A FLAGS] [-B FLAGS] [-t CPUS [-p PAIRS]] TYPE K ROWS NTOK...
 #   bench/ab_kernels.sh q4_K 5376 128 1 4 16            # L2-resident rows, HEAD vs working tree
 #   bench/ab_kernels.sh -r HEAD~3 -i avx2 q6_K 5376 128 1
 #   REPS=3 bench/ab_kernels.sh -r . -i avx512 -A -DG4X_KSTREAM=0 q4_K 5376 24966 1   # a knob, 1 GiB
+#   bench/ab_kernels.sh -r . -i avx512 -A -DG4X_KSTREAM=0 -t 0,1 q4_K 5376 200000 1  # 2 threads, in process
 #
 # -r . takes the working tree for "old" too; -A / -B add compile flags (e.g. -D knobs) to the old /
 # new build. REPS (environment) = calls per alternation (default 1000; 3 for weights from memory).
+# -t CPUS (comma-separated): both builds as shared libraries in one process (bench/kernel_pair.c),
+# one pinned thread per CPU splitting each call by rows, calls alternating old / new PAIRS times
+# (default 15): prints each build's median time and the median of the per-pair ratios new/old,
+# which on a host whose bandwidth moves between runs is the figure to read.
 # TYPE: q4_0 q5_0 q8_0 q4_K q5_K q6_K. ISA: avx2 (default) or avx512. The libraries are built
 # with the compile flags of setup.py (BASE + -O3 + the ISA's flags; kept in step by hand).
 set -euo pipefail
 REV=HEAD ISA=avx2 CPU=0 ROUNDS=5 REPS=${REPS:-1000}
-XA="" XB=""
-while getopts "r:i:c:n:A:B:h" o; do
+XA="" XB="" TCPUS="" PAIRS=15
+while getopts "r:i:c:n:A:B:t:p:h" o; do
   case $o in
     r) REV=$OPTARG ;; i) ISA=$OPTARG ;; c) CPU=$OPTARG ;; n) ROUNDS=$OPTARG ;; A) XA=$OPTARG ;; B) XB=$OPTARG ;;
-    *) sed -n '2,16p' "$0"; exit 2 ;;
+    t) TCPUS=$OPTARG ;; p) PAIRS=$OPTARG ;;
+    *) sed -n '2,21p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-if [ $# -lt 4 ]; then sed -n '2,16p' "$0"; exit 2; fi
+if [ $# -lt 4 ]; then sed -n '2,21p' "$0"; exit 2; fi
 TYPE=$1 K=$2 ROWS=$3; shift 3
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BASE="-std=c11 -ffp-contract=off -fPIC -fno-strict-aliasing -O3"
@@ -51,12 +57,33 @@ build() { # build SRC_ROOT OUT [EXTRA]: the ISA's and the reference products and
   $CC -O2 -DG4_ISA="$ISA" "$ROOT/bench/kernel_micro.c" "${objs[@]}" -lm -o "$out"
 }
 
+build_so() { # build_so SRC_ROOT OUT [EXTRA]: the same objects as build(), as one shared library
+  local src=$1 out=$2 extra=${3:-} objs=()
+  for c in "$src"/csrc/ref/gemm*.c "$src"/csrc/ref/quant*.c; do
+    $CC $BASE -O2 -I"$src/csrc" -c "$c" -o "$out.ref.$(basename "$c" .c).o"; objs+=("$out.ref.$(basename "$c" .c).o")
+  done
+  for c in "$src"/csrc/"$ISA"/gemm*.c "$src"/csrc/"$ISA"/quant*.c; do
+    # shellcheck disable=SC2086
+    $CC $BASE $FLAGS $extra -I"$src/csrc" -c "$c" -o "$out.isa.$(basename "$c" .c).o"; objs+=("$out.isa.$(basename "$c" .c).o")
+  done
+  $CC -shared "${objs[@]}" -lm -o "$out"
+}
+
 if [ "$REV" = . ]; then
   OLDSRC=$ROOT OLDDESC="working tree"
 else
   mkdir -p "$WORK/old"
   git -C "$ROOT" archive "$REV" csrc | tar -x -C "$WORK/old"
   OLDSRC=$WORK/old OLDDESC="$REV ($(git -C "$ROOT" rev-parse --short "$REV"))"
+fi
+if [ -n "$TCPUS" ]; then
+  build_so "$OLDSRC" "$WORK/old.so" "$XA"
+  build_so "$ROOT" "$WORK/new.so" "$XB"
+  $CC -O2 -pthread "$ROOT/bench/kernel_pair.c" -ldl -o "$WORK/kp"
+  echo "A/B $ISA in one process: old = $OLDDESC${XA:+ [$XA]}, new = working tree${XB:+ [$XB]}; threads on CPUs $TCPUS;" \
+       "$PAIRS alternating pairs;$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+  for NT in "$@"; do "$WORK/kp" "$WORK/old.so" "$WORK/new.so" "$ISA" "$TYPE" "$K" "$ROWS" "$NT" "$PAIRS" "$TCPUS"; done
+  exit 0
 fi
 build "$OLDSRC" "$WORK/km_old" "$XA"
 build "$ROOT" "$WORK/km_new" "$XB"
