@@ -154,3 +154,56 @@ def test_spec_cli_arguments(capsys):
     assert bs.main(["--sections", "c", "--no-llama"]) == 0
     out = capsys.readouterr().out
     assert "# gemma4cpu speculative decoding bench" in out and "isa " in out and "pinning" in out
+
+
+def test_kernel_pair_harness(tmp_path):
+    """bench/kernel_pair.c (ab_kernels.sh -t): two builds opened side by side in one process, the
+    rows split over pinned threads. Built here against the reference products (the fastest to
+    compile): the same library twice must give the same output, and a build whose products differ
+    must be reported as differing."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    root = Path(__file__).resolve().parents[1]
+    base = ["-std=c11", "-ffp-contract=off", "-fPIC", "-fno-strict-aliasing", "-O1", f"-I{root / 'csrc'}"]
+
+    def lib(name, extra=(), more=()):
+        objs = []
+        for src in [root / "csrc" / "ref" / "gemm_ref.c", root / "csrc" / "ref" / "quant_ref.c", *more]:
+            o = tmp_path / f"{name}.{src.name}.o"
+            flags = extra if src.parent.name == "ref" else ()
+            subprocess.run([cc, *base, *flags, "-c", str(src), "-o", str(o)], check=True)
+            objs.append(str(o))
+        out = tmp_path / f"{name}.so"
+        subprocess.run([cc, "-shared", *objs, "-lm", "-o", str(out)], check=True)
+        return str(out)
+
+    a = lib("a")
+    kp = tmp_path / "kp"
+    subprocess.run([cc, "-O1", "-pthread", str(root / "bench" / "kernel_pair.c"), "-ldl", "-o", str(kp)], check=True)
+    cpus = ",".join(str(c) for c in list(bw.ALLOWED_CPUS_AT_IMPORT)[:2])
+    r = subprocess.run([str(kp), a, a, "ref", "q4_K", "512", "96", "3", "3", cpus], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "same output" in r.stdout and f"threads={len(cpus.split(','))} pairs=3" in r.stdout
+    # a "new" build whose q4_K product moves its first row's result by one ulp
+    wrap = tmp_path / "wrap.c"
+    wrap.write_text("#include <math.h>\n#include <stddef.h>\n#include <stdint.h>\n"
+                    "void real_q4k(const void *, size_t, const void *, size_t, float *, int64_t, int64_t, int64_t,"
+                    " int64_t, int64_t);\n"
+                    "void g4_gemm_q4_K_q8_K_ref(const void *w, size_t wrb, const void *x, size_t xrb, float *y,"
+                    " int64_t ldy, int64_t n, int64_t k, int64_t r0, int64_t r1) {\n"
+                    "    real_q4k(w, wrb, x, xrb, y, ldy, n, k, r0, r1);\n"
+                    "    if (r0 < r1) y[r0] = nextafterf(y[r0], INFINITY);\n}\n")
+    b = lib("b", ["-Dg4_gemm_q4_K_q8_K_ref=real_q4k"], [wrap])
+    r = subprocess.run([str(kp), a, b, "ref", "q4_K", "512", "96", "3", "3", cpus], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "OUTPUT DIFFERS" in r.stdout
+    for bad in (["ref", "q4_K", "500", "96", "1", "3", cpus], ["ref", "q4_K", "512", "96", "1", "3", "0;1"],
+                ["ref", "q7_K", "512", "96", "1", "3", cpus], ["nosuchisa", "q4_K", "512", "96", "1", "3", cpus]):
+        r = subprocess.run([str(kp), a, a, *bad], capture_output=True, text=True)
+        assert r.returncode != 0 and r.stderr.strip(), bad
