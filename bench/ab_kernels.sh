@@ -45,28 +45,24 @@ CC=${CC:-cc}
 WORK=$(mktemp -d /tmp/g4ab.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
-build() { # build SRC_ROOT OUT [EXTRA]: the ISA's and the reference products and quantisers, linked with kernel_micro.c
-  local src=$1 out=$2 extra=${3:-} objs=()
+compile() { # compile SRC_ROOT OUT [EXTRA]: the ISA's and the reference products and quantisers -> OBJS
+  local src=$1 out=$2 extra=${3:-}
+  OBJS=()
   for c in "$src"/csrc/ref/gemm*.c "$src"/csrc/ref/quant*.c; do
-    $CC $BASE -O2 -I"$src/csrc" -c "$c" -o "$out.ref.$(basename "$c" .c).o"; objs+=("$out.ref.$(basename "$c" .c).o")
+    $CC $BASE -O2 -I"$src/csrc" -c "$c" -o "$out.ref.$(basename "$c" .c).o"; OBJS+=("$out.ref.$(basename "$c" .c).o")
   done
   for c in "$src"/csrc/"$ISA"/gemm*.c "$src"/csrc/"$ISA"/quant*.c; do
     # shellcheck disable=SC2086
-    $CC $BASE $FLAGS $extra -I"$src/csrc" -c "$c" -o "$out.isa.$(basename "$c" .c).o"; objs+=("$out.isa.$(basename "$c" .c).o")
+    $CC $BASE $FLAGS $extra -I"$src/csrc" -c "$c" -o "$out.isa.$(basename "$c" .c).o"; OBJS+=("$out.isa.$(basename "$c" .c).o")
   done
-  $CC -O2 -DG4_ISA="$ISA" "$ROOT/bench/kernel_micro.c" "${objs[@]}" -lm -o "$out"
 }
-
-build_so() { # build_so SRC_ROOT OUT [EXTRA]: the same objects as build(), as one shared library
-  local src=$1 out=$2 extra=${3:-} objs=()
-  for c in "$src"/csrc/ref/gemm*.c "$src"/csrc/ref/quant*.c; do
-    $CC $BASE -O2 -I"$src/csrc" -c "$c" -o "$out.ref.$(basename "$c" .c).o"; objs+=("$out.ref.$(basename "$c" .c).o")
-  done
-  for c in "$src"/csrc/"$ISA"/gemm*.c "$src"/csrc/"$ISA"/quant*.c; do
-    # shellcheck disable=SC2086
-    $CC $BASE $FLAGS $extra -I"$src/csrc" -c "$c" -o "$out.isa.$(basename "$c" .c).o"; objs+=("$out.isa.$(basename "$c" .c).o")
-  done
-  $CC -shared "${objs[@]}" -lm -o "$out"
+build() { # build SRC_ROOT OUT [EXTRA]: those objects linked with kernel_micro.c
+  compile "$@"
+  $CC -O2 -DG4_ISA="$ISA" "$ROOT/bench/kernel_micro.c" "${OBJS[@]}" -lm -o "$2"
+}
+build_so() { # build_so SRC_ROOT OUT [EXTRA]: the same objects as one shared library (kernel_pair.c)
+  compile "$@"
+  $CC -shared "${OBJS[@]}" -lm -o "$2"
 }
 
 if [ "$REV" = . ]; then
