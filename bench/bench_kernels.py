@@ -36,8 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # repo root, for `python bench/...`
 
 from bench.common import (ALLOWED_CPUS_AT_IMPORT, CpuNoise, fmt, header, md_table,  # noqa: E402
-                          median, parse_cpu_list, parse_int_list)
-from tools.numa.bandwidth import layout_name, measure_best, probe_kind  # noqa: E402
+                          median, parse_cpu_list, parse_int_list, probe_bandwidth)
 
 import numpy as np  # noqa: E402
 
@@ -261,18 +260,11 @@ def main(argv=None) -> int:
     # bandwidth first: before any Pool pins this thread, and before the weights take memory
     bw: dict[int, float] = {}
     bw_runs: dict[int, list[float]] = {}
-    bw_lay: dict[int, tuple[int, int]] = {}
     if a.bw is not None:
         bw = {t: a.bw for t in threads}
         probe_desc = f"given: {a.bw} GB/s"
     else:
-        for t in threads:
-            bw_runs[t], bw_lay[t], _ = measure_best(t, cpus, a.bw_gib, runs=5)
-            bw[t] = median(bw_runs[t])
-            log(f"probe: {t} thread(s) {bw[t]:.1f} GB/s, {layout_name(bw_lay[t])} "
-                f"(runs {', '.join(f'{v:.1f}' for v in bw_runs[t])})")
-        probe_desc = (f"{a.bw_gib:g} GiB, {probe_kind()} loads, fastest read pattern, median of 5: "
-                      + ", ".join(f"{t} thr {v:.1f} GB/s ({layout_name(bw_lay[t])})" for t, v in sorted(bw.items())))
+        bw, bw_runs, probe_desc = probe_bandwidth(threads, cpus, a.bw_gib, log)
 
     pools = {t: K.Pool(t, cpus[:t]) for t in threads}
     run = Runner(pools)

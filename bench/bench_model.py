@@ -47,8 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # repo root, for `python bench/...`
 
 from bench.common import (ALLOWED_CPUS_AT_IMPORT, CpuNoise, fmt, header, md_table,  # noqa: E402
-                          median, parse_cpu_list, parse_int_list)
-from tools.numa.bandwidth import layout_name, measure_best, probe_kind  # noqa: E402
+                          median, parse_cpu_list, parse_int_list, probe_bandwidth)
 
 import numpy as np  # noqa: E402
 
@@ -412,12 +411,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
 
     # bandwidth first: before any Pool pins this thread
-    bw, bw_runs, bw_lay = {}, {}, {}
-    for t in threads:
-        bw_runs[t], bw_lay[t], _ = measure_best(t, cpus, a.bw_gib, runs=5)
-        bw[t] = median(bw_runs[t])
-        log(f"probe: {t} thread(s) on cpus {cpus[:t]}: {bw[t]:.1f} GB/s, {layout_name(bw_lay[t])} "
-            f"(runs {', '.join(f'{v:.1f}' for v in bw_runs[t])})")
+    bw, bw_runs, probe_desc = probe_bandwidth(threads, cpus, a.bw_gib, log)
 
     # tools and models
     notes = []
@@ -457,8 +451,7 @@ def main(argv=None) -> int:
     for p in pools.values():
         K.matmul(p, "Q8_0", tiny, 256, np.ones((1, 256), np.float32))
     extra = {
-        "bw": f"{a.bw_gib:g} GiB, {probe_kind()} loads, fastest read pattern, median of 5: "
-              + ", ".join(f"{t} thr {v:.1f} GB/s ({layout_name(bw_lay[t])})" for t, v in sorted(bw.items())),
+        "bw": probe_desc,
         "pinning": "ours: Model(threads=T, cpus=first T allowed CPUs), pool workers pinned one per CPU; "
                    "llama.cpp: taskset -c <same CPUs>",
         "llama": (f"{lb} = {LLAMA_DESC}; built with {lb_flags or 'unknown options'}" if lb else "absent: " + "; ".join(notes[:1])),

@@ -19,7 +19,8 @@ if str(ROOT) not in sys.path:  # `python bench/x.py` puts bench/ first on sys.pa
 
 import numpy as np  # noqa: E402
 
-from tools.numa.bandwidth import ALLOWED_CPUS_AT_IMPORT, parse_cpu_list, parse_int_list  # noqa: E402,F401
+from tools.numa.bandwidth import (ALLOWED_CPUS_AT_IMPORT, layout_name, measure_best, parse_cpu_list,  # noqa: E402,F401
+                                  parse_int_list, probe_kind)
 
 _CPU_MODEL = None
 
@@ -161,6 +162,21 @@ class CpuNoise:
             return None
         busy, total, mine = (b - a for a, b in zip(self.t0, t1))
         return max(0.0, 100.0 * (busy - mine) / total)
+
+
+def probe_bandwidth(threads, cpus, gib: float, log, runs: int = 5) -> tuple[dict, dict, str]:
+    """The read-bandwidth probe (tools.numa.bandwidth, fastest read pattern) for each thread count,
+    thread t on cpus[t]: ({T: median GB/s}, {T: the runs}, the header's one-line description).
+    Each count is logged as it is measured."""
+    bw, bw_runs, lay = {}, {}, {}
+    for t in threads:
+        bw_runs[t], lay[t], _ = measure_best(t, cpus, gib, runs=runs)
+        bw[t] = statistics.median(bw_runs[t])
+        log(f"probe: {t} thread(s) on cpus {list(cpus[:t])}: {bw[t]:.1f} GB/s, {layout_name(lay[t])} "
+            f"(runs {', '.join(f'{v:.1f}' for v in bw_runs[t])})")
+    desc = (f"{gib:g} GiB, {probe_kind()} loads, fastest read pattern, median of {runs}: "
+            + ", ".join(f"{t} thr {v:.1f} GB/s ({layout_name(lay[t])})" for t, v in sorted(bw.items())))
+    return bw, bw_runs, desc
 
 
 def loadavg() -> str:
