@@ -126,13 +126,23 @@ G4_AI void q_tree16(const __m512i *D, __m512i *F0, __m512i *F1) {
 #ifndef G4X_R16L1
 #define G4X_R16L1 8 /* blocks ahead in each row, into L1 */
 #endif
+#ifndef G4X_R16GS
+#define G4X_R16GS 1 /* Q8_0: the 16 rows' scales of a block by one vpgatherdd, not 16 scalar loads and stores
+                     * into a stack vector. Zen 5, one thread, A/B in one binary: from memory k = 640 /
+                     * 5376 0.94-0.96 / 0.90x the time, two threads 0.97x; in L2 1.32x (so Q4_0 / Q5_0,
+                     * compute-bound at one token, keep the scalar form: 1.23-1.38x slower with it) */
+#endif
 G4_AI void q_rows16(const int QT, const uint8_t *w0, size_t wrb, int nr, const uint8_t *xs, const float *dx,
                     const int32_t *xc, int kc, float *acc16, int next) {
     const int BB = q_block_bytes(QT);
+    const int GS = G4X_R16GS && QT == QT_Q8_0 && wrb <= (size_t)INT32_MAX / 16; /* int32 gather offsets */
     const uint8_t *wrow[16];
     for (int i = 0; i < 16; i++) wrow[i] = w0 + (size_t)(i < nr ? i : nr - 1) * wrb;
     __m512 acc = _mm512_loadu_ps(acc16);
     const int np = (kc + 1) / 2;
+    int32_t gof[16];
+    for (int i = 0; i < 16; i++) gof[i] = (int32_t)(wrow[i] - w0);
+    const __m512i gofs = _mm512_loadu_si512(gof);
     for (int j = 0; j < np; j++) {
         const int b = 2 * j, two = b + 1 < kc;
         if (G4X_R16PF && next) /* the same two blocks of the next 16-row group, row by row, into L2 */
@@ -148,8 +158,10 @@ G4_AI void q_rows16(const int QT, const uint8_t *w0, size_t wrb, int nr, const u
         for (int i = 0; i < 16; i++) {
             const uint8_t *p = wrow[i] + (size_t)b * BB;
             if (G4X_R16L1 > 0) _mm_prefetch((const char *)p + G4X_R16L1 * BB, _MM_HINT_T0);
-            memcpy(&dwr[0][i], p, 2);
-            if (two) memcpy(&dwr[1][i], p + BB, 2);
+            if (!GS) {
+                memcpy(&dwr[0][i], p, 2);
+                if (two) memcpy(&dwr[1][i], p + BB, 2);
+            }
             D[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q_unpack2(QT, p, BB, two, 1), X);
         }
         __m512i F0, F1;
@@ -158,7 +170,9 @@ G4_AI void q_rows16(const int QT, const uint8_t *w0, size_t wrb, int nr, const u
         for (int h = 0; h < 2; h++) {
             if (h && !two) break;
             const __m512i S = _mm512_add_epi32(h ? F1 : F0, _mm512_set1_epi32(xc[b + h]));
-            const __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dwr[h])),
+            const __m256i dh = GS ? _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(gofs, w0 + (size_t)(b + h) * BB, 1))
+                                         : _mm256_load_si256((const __m256i *)dwr[h]);
+            const __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(dh),
                                             _mm512_set1_ps(dx[b + h]));
             acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(S), dd));
         }
