@@ -507,19 +507,133 @@ G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
     }
 }
 
+/* ---- Q8_0 with 2..4 tokens: slot lanes. A vector holds NTL token slots (4, or 2 when n_tok = 2) of
+ * S = 16 / NTL consecutive weight dwords each: a row's block is broadcast S dwords at a time to every
+ * token slot (vbroadcasti32x4 / i64x4 from memory, then w ^ 0x80 to the unsigned domain) against the
+ * activations laid out per slot, so one vpdpbusd per 16 (NTL = 4) or 32 (NTL = 2) weight bytes serves
+ * every token. Lane t * S + s sums dwords s, s + S, ... of token t's block; R = S rows' vectors are
+ * reduced by a merge tree of R - 1 merges (3 for 4 rows, 7 for 8) to lane t * R + r = row r, token t.
+ * The correction -128 * sum(x) of a token's block starts the chain in its slot 0 only, so the tree
+ * adds it once. Then (float)S * (d_w * d_x) into acc on 16 (token, row) lanes, in block order. */
+#ifndef G4X_Q8Q
+#define G4X_Q8Q 1
+#endif
+#define Q8Q_BUF (96 * 1024)
+#ifndef G4X_Q8QPD
+#define G4X_Q8QPD 8192 /* whole rows: a linear prefetch cursor this many bytes ahead of the group */
+#endif
+#ifndef G4X_Q8QH
+#define G4X_Q8QH _MM_HINT_T0
+#endif
+G4_AI void q8q_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
+                    int64_t k, int64_t r0, int64_t r1) {
+    const int NTL = NT == 2 ? 2 : 4, R = 16 / NTL, NV = NTL == 2 ? 1 : 2;
+    const int64_t nb = k / 32;
+    int KC = Q8Q_BUF / ((NV + 2) * 64);
+    if (KC > nb) KC = (int)nb;
+    _Alignas(64) uint8_t buf[Q8Q_BUF];
+    uint8_t *const xq = buf;
+    int32_t *const cq = (int32_t *)(buf + (size_t)KC * NV * 64);
+    float *const dq = (float *)(buf + (size_t)KC * (NV + 1) * 64);
+    const __m512i b80 = _mm512_set1_epi8((char)0x80);
+    for (int64_t c0 = 0; c0 < nb; c0 += KC) {
+        const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
+        memset(buf, 0, (size_t)kc * NV * 64);
+        memset(cq, 0, (size_t)kc * 64);
+        memset(dq, 0, (size_t)kc * 64);
+        for (int t = 0; t < NT; t++) {
+            const block_q8_0 *xb = (const block_q8_0 *)(x + (size_t)t * xrb) + c0;
+            for (int b = 0; b < kc; b++) {
+                if (NTL == 4) {
+                    memcpy(xq + ((size_t)b * 2) * 64 + 16 * t, xb[b].qs, 16);
+                    memcpy(xq + ((size_t)b * 2 + 1) * 64 + 16 * t, xb[b].qs + 16, 16);
+                } else memcpy(xq + (size_t)b * 64 + 32 * t, xb[b].qs, 32);
+                int sx = 0;
+                for (int e = 0; e < 32; e++) sx += xb[b].qs[e];
+                cq[(size_t)b * 16 + t * R] = -128 * sx;
+                const float d = g4_fp16_to_fp32(xb[b].d);
+                for (int r = 0; r < R; r++) dq[(size_t)b * 16 + t * R + r] = d;
+            }
+        }
+        for (int64_t r = r0; r < r1; r += R) {
+            const int nr = (int)(r1 - r < R ? r1 - r : R);
+            const uint8_t *wrow[8];
+            for (int i = 0; i < R; i++) wrow[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * 34;
+            _Alignas(64) float a[16];
+            for (int l = 0; l < 16; l++) {
+                const int t = l / R, i = l % R;
+                a[l] = (c0 > 0 && t < NT && i < nr) ? y[t * ldy + r + i] : 0.0f;
+            }
+            __m512 acc = _mm512_load_ps(a);
+            const int whole = kc == nb;
+            const size_t gb = (size_t)R * wrb; /* whole groups ahead, at least G4X_Q8QPD bytes */
+            const char *pfc = (const char *)w + (size_t)r * wrb + gb * ((G4X_Q8QPD + gb - 1) / gb);
+            for (int b = 0; b < kc; b++) {
+                if (whole) { /* rows r.. are one contiguous region: R * 34 bytes consumed per block */
+                    const char *lo = pfc + (size_t)b * R * 34;
+                    for (const char *q = (const char *)((uintptr_t)lo & ~(uintptr_t)63); q < lo + R * 34; q += 64)
+                        _mm_prefetch(q, G4X_Q8QH);
+                } else
+                    for (int i = 0; i < R; i++) _mm_prefetch((const char *)wrow[i] + (size_t)(b + 16) * 34, G4X_Q8QH);
+                const __m512i C = _mm512_load_si512(cq + (size_t)b * 16);
+                __m512i D[8];
+                uint16_t dh[8];
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) {
+                    const uint8_t *p = wrow[i] + (size_t)b * 34;
+                    memcpy(&dh[i], p, 2);
+                    if (NTL == 4) {
+                        const __m512i W0 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2))), b80);
+                        const __m512i W1 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 18))), b80);
+                        D[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(C, W0, _mm512_load_si512(xq + (size_t)b * 128)), W1,
+                                                   _mm512_load_si512(xq + (size_t)b * 128 + 64));
+                    } else {
+                        const __m512i W = _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 2))), b80);
+                        D[i] = _mm512_dpbusd_epi32(C, W, _mm512_load_si512(xq + (size_t)b * 64));
+                    }
+                }
+                __m512i Sv;
+                __m512 dw;
+                if (NTL == 4) {
+                    Sv = g4x_merge(g4x_merge(D[0], D[1], 1), g4x_merge(D[2], D[3], 1), 2);
+                    uint64_t h4;
+                    memcpy(&h4, dh, 8);
+                    dw = _mm512_broadcast_f32x4(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)h4)));
+                } else {
+                    const __m512i U0 = g4x_merge(g4x_merge(D[0], D[1], 1), g4x_merge(D[2], D[3], 1), 2);
+                    const __m512i U1 = g4x_merge(g4x_merge(D[4], D[5], 1), g4x_merge(D[6], D[7], 1), 2);
+                    Sv = g4x_merge(U0, U1, 4);
+                    dw = _mm512_broadcast_f32x8(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)));
+                }
+                const __m512 dd = _mm512_mul_ps(dw, _mm512_load_ps(dq + (size_t)b * 16));
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(Sv), dd));
+            }
+            _mm512_store_ps(a, acc);
+            for (int l = 0; l < 16; l++) {
+                const int t = l / R, i = l % R;
+                if (t < NT && i < nr) y[t * ldy + r + i] = a[l];
+            }
+        }
+    }
+}
+
 G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
                   int64_t ldy, int64_t k, int64_t r0, int64_t r1) {
     const int64_t nb = k / 32;
     int KC = (QBUF / (NT * 32 + 64)) & ~15;
     if (KC > nb) KC = (int)nb;
     const int BB = q_block_bytes(QT);
-    _Alignas(64) uint8_t xu[QBUF];
-    _Alignas(64) float dxp[QBUF / 32];
-    _Alignas(64) int32_t xc[QBUF / 32];
+    if (G4X_Q8Q && QT == QT_Q8_0 && NT >= 2 && NT <= 4) {
+        q8q_gemm(NT, w, wrb, x, xrb, y, ldy, k, r0, r1);
+        return;
+    }
     if (NT > (QT == QT_Q8_0 ? G4X_Q8G : G4X_Q4G)) {
         q8t_gemm(NT, QT, w, wrb, x, xrb, y, ldy, k, r0, r1);
         return;
     }
+    _Alignas(64) uint8_t xu[QBUF];
+    _Alignas(64) float dxp[QBUF / 32];
+    _Alignas(64) int32_t xc[QBUF / 32];
     if (NT == 1) {
         const int bias = q_bias(QT);
         for (int64_t c0 = 0; c0 < nb; c0 += KC) {
