@@ -15,7 +15,8 @@
  * alternating calls): k = 640 in L2 0.62-0.77x the time (Q8_0 / Q5_0 / Q4_0), from memory (64 MiB)
  * 0.76-0.94x; Q8_0 k = 5376 from memory 0.91-0.99x.
  *
- * Which path takes n_tok tokens (q_gemm): 1 token q_rows16; Q8_0 with 2-4 tokens and Q4_0 / Q5_0 with
+ * Which path takes n_tok tokens (q_gemm): 1 token q_rows16; Q8_0 with 2-8 tokens the slot-lanes path
+ * q8q_gemm (below; it replaced the split described next for Q8_0 2-8 tokens); Q4_0 / Q5_0 with
  * 2-5 the items path q_group16 (rows x tokens in the 16 lanes, one merge tree per block pair); more
  * tokens the token-lanes path q8t_* (no merge tree: each weight dword is broadcast to every token
  * lane; Q4_0 / Q5_0 blocks are unpacked to their unsigned values first). Crossovers measured on a
@@ -195,7 +196,7 @@ static void q_prepare1(const uint8_t *x, int64_t c0, int kc, uint8_t *xs, float 
     if (kc & 1) _mm256_store_si256((__m256i *)(xs + 32 * kc), _mm256_setzero_si256());
 }
 
-/* n_tok = 2..G4X_Q8G (Q8_0) or 2..G4X_Q4G (Q4_0 / Q5_0): R = 16/NT rows x NT tokens = up to 16
+/* n_tok = 2..G4X_Q4G (Q4_0 / Q5_0; Q8_0 only with G4X_Q8Q=0, then 2..G4X_Q8G): R = 16/NT rows x NT tokens = up to 16
  * items, lane i = item i (row i/NT, token i%NT). For each pair of blocks the 16 items' dot-product vectors are reduced together, so the per-block
  * float ops (and the in-order accumulation) run on 16 item lanes. Activations: xi[(g16, t)] blocks
  * of 32 biased bytes; dxi[block][lane] = d_x of the lane's token. */
@@ -507,18 +508,28 @@ G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
     }
 }
 
-/* ---- Q8_0 with 2..4 tokens: slot lanes. A vector holds NTL token slots (4, or 2 when n_tok = 2) of
- * S = 16 / NTL consecutive weight dwords each: a row's block is broadcast S dwords at a time to every
- * token slot (vbroadcasti32x4 / i64x4 from memory, then w ^ 0x80 to the unsigned domain) against the
- * activations laid out per slot, so one vpdpbusd per 16 (NTL = 4) or 32 (NTL = 2) weight bytes serves
- * every token. Lane t * S + s sums dwords s, s + S, ... of token t's block; R = S rows' vectors are
- * reduced by a merge tree of R - 1 merges (3 for 4 rows, 7 for 8) to lane t * R + r = row r, token t.
- * The correction -128 * sum(x) of a token's block starts the chain in its slot 0 only, so the tree
- * adds it once. Then (float)S * (d_w * d_x) into acc on 16 (token, row) lanes, in block order. */
+/* ---- Q8_0 with 2..G4X_Q8QMAX tokens: slot lanes. A vector holds NTL token slots (2 for n_tok = 2, 4
+ * for 3-4, 8 for 5-8) of S = 16 / NTL consecutive weight dwords each: a row's block is broadcast S
+ * dwords at a time to every token slot (vbroadcasti64x4 / i32x4 / q from memory, then w ^ 0x80 to
+ * the unsigned domain) against the activations laid out per slot, so one vpdpbusd per 32 / 16 / 8
+ * weight bytes serves every token. Lane t * S + s sums dwords s, s + S, ... of token t's block; R = S
+ * rows' vectors are reduced by a merge tree of R - 1 merges (7 for 8 rows, 3 for 4, 1 for 2) to lane
+ * t * R + r = row r, token t. The correction -128 * sum(x) of a token's block starts the chain in its
+ * slot 0 only, so the tree adds it once. Then (float)S * (d_w * d_x) into acc on 16 (token, row)
+ * lanes, in block order. The rows of a group are read as R streams; when rows are whole (one chunk)
+ * the next groups are one contiguous region, prefetched by a linear cursor at least G4X_Q8QPD bytes
+ * ahead. Zen 5, one thread, A/B in one binary against the items path (2-4 tokens) and q8t_tile8b
+ * (5-8), same output bits: k = 5376 from memory (1.2 GiB) 2 / 4 / 5 / 8 tokens 0.61-0.65 / 0.56-0.58 /
+ * 0.87 / 0.71x the time, k = 640 (170 MiB) 4 / 8 tokens 0.52 / 0.28x; two threads 0.65 / 0.85 / 0.70x
+ * (2 / 4 / 8 tokens); in L2 4 tokens 0.53x, 8 tokens 0.92x, 5-6 tokens 1.01-1.10x. Without the
+ * linear prefetch it was 1.2-3.5x slower than the items path from memory. */
 #ifndef G4X_Q8Q
 #define G4X_Q8Q 1
 #endif
 #define Q8Q_BUF (96 * 1024)
+#ifndef G4X_Q8QMAX
+#define G4X_Q8QMAX 8
+#endif
 #ifndef G4X_Q8QPD
 #define G4X_Q8QPD 8192 /* whole rows: a linear prefetch cursor this many bytes ahead of the group */
 #endif
@@ -527,7 +538,7 @@ G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
 #endif
 G4_AI void q8q_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
                     int64_t k, int64_t r0, int64_t r1) {
-    const int NTL = NT == 2 ? 2 : 4, R = 16 / NTL, NV = NTL == 2 ? 1 : 2;
+    const int NTL = NT == 2 ? 2 : NT <= 4 ? 4 : 8, R = 16 / NTL, NV = NTL / 2; /* S = R dwords a slot */
     const int64_t nb = k / 32;
     int KC = Q8Q_BUF / ((NV + 2) * 64);
     if (KC > nb) KC = (int)nb;
@@ -544,10 +555,8 @@ G4_AI void q8q_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x
         for (int t = 0; t < NT; t++) {
             const block_q8_0 *xb = (const block_q8_0 *)(x + (size_t)t * xrb) + c0;
             for (int b = 0; b < kc; b++) {
-                if (NTL == 4) {
-                    memcpy(xq + ((size_t)b * 2) * 64 + 16 * t, xb[b].qs, 16);
-                    memcpy(xq + ((size_t)b * 2 + 1) * 64 + 16 * t, xb[b].qs + 16, 16);
-                } else memcpy(xq + (size_t)b * 64 + 32 * t, xb[b].qs, 32);
+                for (int v = 0; v < NV; v++) /* vector v, slot t: dwords v*R .. v*R+R-1 of the block */
+                    memcpy(xq + ((size_t)b * NV + v) * 64 + 4 * R * t, xb[b].qs + 4 * R * v, 4 * (size_t)R);
                 int sx = 0;
                 for (int e = 0; e < 32; e++) sx += xb[b].qs[e];
                 cq[(size_t)b * 16 + t * R] = -128 * sx;
@@ -582,7 +591,16 @@ G4_AI void q8q_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x
                 for (int i = 0; i < R; i++) {
                     const uint8_t *p = wrow[i] + (size_t)b * 34;
                     memcpy(&dh[i], p, 2);
-                    if (NTL == 4) {
+                    if (NTL == 8) {
+                        __m512i d = C;
+#pragma GCC unroll 4
+                        for (int v = 0; v < 4; v++) {
+                            const __m512i q = _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(p + 2 + 8 * v)));
+                            d = _mm512_dpbusd_epi32(d, _mm512_xor_si512(q, b80),
+                                                    _mm512_load_si512(xq + ((size_t)b * 4 + v) * 64));
+                        }
+                        D[i] = d;
+                    } else if (NTL == 4) {
                         const __m512i W0 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2))), b80);
                         const __m512i W1 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 18))), b80);
                         D[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(C, W0, _mm512_load_si512(xq + (size_t)b * 128)), W1,
@@ -594,7 +612,12 @@ G4_AI void q8q_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x
                 }
                 __m512i Sv;
                 __m512 dw;
-                if (NTL == 4) {
+                if (NTL == 8) {
+                    Sv = g4x_merge(D[0], D[1], 1);
+                    uint32_t h2;
+                    memcpy(&h2, dh, 4);
+                    dw = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(_mm_cvtph_ps(_mm_cvtsi32_si128((int)h2)))));
+                } else if (NTL == 4) {
                     Sv = g4x_merge(g4x_merge(D[0], D[1], 1), g4x_merge(D[2], D[3], 1), 2);
                     uint64_t h4;
                     memcpy(&h4, dh, 8);
@@ -623,7 +646,7 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
     int KC = (QBUF / (NT * 32 + 64)) & ~15;
     if (KC > nb) KC = (int)nb;
     const int BB = q_block_bytes(QT);
-    if (G4X_Q8Q && QT == QT_Q8_0 && NT >= 2 && NT <= 4) {
+    if (G4X_Q8Q && QT == QT_Q8_0 && NT >= 2 && NT <= G4X_Q8QMAX) {
         q8q_gemm(NT, w, wrb, x, xrb, y, ldy, k, r0, r1);
         return;
     }
