@@ -15,9 +15,9 @@
  * alternating calls): k = 640 in L2 0.62-0.77x the time (Q8_0 / Q5_0 / Q4_0), from memory (64 MiB)
  * 0.76-0.94x; Q8_0 k = 5376 from memory 0.91-0.99x.
  *
- * Which path takes n_tok tokens (q_gemm): 1 token q_rows16; Q8_0 with 2-8 tokens the slot-lanes path
- * q8q_gemm (below; it replaced the split described next for Q8_0 2-8 tokens); Q4_0 / Q5_0 with
- * 2-5 the items path q_group16 (rows x tokens in the 16 lanes, one merge tree per block pair); more
+ * Which path takes n_tok tokens (q_gemm): 1 token q_rows16; 2-8 tokens the slot-lanes path q8q_gemm
+ * (below; it replaced the split described next, which G4X_Q8Q=0 brings back); the items path
+ * q_group16 took Q8_0 with 2-4 tokens and Q4_0 / Q5_0 with 2-5 (rows x tokens in the 16 lanes, one merge tree per block pair); more
  * tokens the token-lanes path q8t_* (no merge tree: each weight dword is broadcast to every token
  * lane; Q4_0 / Q5_0 blocks are unpacked to their unsigned values first). Crossovers measured on a
  * 2-vCPU AMD EPYC Zen 5 (family 26), single thread, k = 5376, 128 rows in L2, A/B against the
@@ -196,7 +196,7 @@ static void q_prepare1(const uint8_t *x, int64_t c0, int kc, uint8_t *xs, float 
     if (kc & 1) _mm256_store_si256((__m256i *)(xs + 32 * kc), _mm256_setzero_si256());
 }
 
-/* n_tok = 2..G4X_Q4G (Q4_0 / Q5_0; Q8_0 only with G4X_Q8Q=0, then 2..G4X_Q8G): R = 16/NT rows x NT tokens = up to 16
+/* (with G4X_Q8Q=0) n_tok = 2..G4X_Q8G (Q8_0) or 2..G4X_Q4G (Q4_0 / Q5_0): R = 16/NT rows x NT tokens = up to 16
  * items, lane i = item i (row i/NT, token i%NT). For each pair of blocks the 16 items' dot-product vectors are reduced together, so the per-block
  * float ops (and the in-order accumulation) run on 16 item lanes. Activations: xi[(g16, t)] blocks
  * of 32 biased bytes; dxi[block][lane] = d_x of the lane's token. */
@@ -508,7 +508,7 @@ G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
     }
 }
 
-/* ---- Q8_0 with 2..G4X_Q8QMAX tokens: slot lanes. A vector holds NTL token slots (2 for n_tok = 2, 4
+/* ---- Q8_0 with 2..G4X_Q8QMAX tokens, Q4_0 / Q5_0 with 2..G4X_Q4QMAX: slot lanes. A vector holds NTL token slots (2 for n_tok = 2, 4
  * for 3-4, 8 for 5-8) of S = 16 / NTL consecutive weight dwords each: a row's block is broadcast S
  * dwords at a time to every token slot (vbroadcasti64x4 / i32x4 / q from memory, then w ^ 0x80 to
  * the unsigned domain) against the activations laid out per slot, so one vpdpbusd per 32 / 16 / 8
@@ -522,7 +522,12 @@ G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
  * (5-8), same output bits: k = 5376 from memory (1.2 GiB) 2 / 4 / 5 / 8 tokens 0.61-0.65 / 0.56-0.58 /
  * 0.87 / 0.71x the time, k = 640 (170 MiB) 4 / 8 tokens 0.52 / 0.28x; two threads 0.65 / 0.85 / 0.70x
  * (2 / 4 / 8 tokens); in L2 4 tokens 0.53x, 8 tokens 0.92x, 5-6 tokens 1.01-1.10x. Without the
- * linear prefetch it was 1.2-3.5x slower than the items path from memory. */
+ * linear prefetch it was 1.2-3.5x slower than the items path from memory. Q4_0 / Q5_0 blocks are
+ * unpacked to their stored values (w + 8 / w + 16, unsigned; correction -8 / -16 * sum(x)) and
+ * broadcast from the register (vshufi32x4 / i64x2 / vpermq), one block at a time. Against the items
+ * path (2-5 tokens) and q8t (6-8), from memory: Q5_0 k = 640 2 / 4 / 5 / 8 tokens 0.90 / 0.60 /
+ * 0.78 / 0.43x the time, Q4_0 k = 5376 2 / 4 / 6 / 8 tokens 0.98 / 0.66 / 0.65 / 0.67x; in L2 Q5_0
+ * k = 640 2 / 3 / 4 tokens 0.92-0.93 / 0.79-0.80 / 0.69-0.70x, k = 5376 5 / 6 / 8 0.82-0.87x. */
 #ifndef G4X_Q8Q
 #define G4X_Q8Q 1
 #endif
@@ -530,16 +535,20 @@ G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
 #ifndef G4X_Q8QMAX
 #define G4X_Q8QMAX 8
 #endif
+#ifndef G4X_Q4QMAX
+#define G4X_Q4QMAX 8 /* Q4_0 / Q5_0 on slot lanes up to this many tokens */
+#endif
 #ifndef G4X_Q8QPD
 #define G4X_Q8QPD 8192 /* whole rows: a linear prefetch cursor this many bytes ahead of the group */
 #endif
 #ifndef G4X_Q8QH
 #define G4X_Q8QH _MM_HINT_T0
 #endif
-G4_AI void q8q_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
+G4_AI void q8q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
                     int64_t k, int64_t r0, int64_t r1) {
     const int NTL = NT == 2 ? 2 : NT <= 4 ? 4 : 8, R = 16 / NTL, NV = NTL / 2; /* S = R dwords a slot */
     const int64_t nb = k / 32;
+    const int BB = q_block_bytes(QT);
     int KC = Q8Q_BUF / ((NV + 2) * 64);
     if (KC > nb) KC = (int)nb;
     _Alignas(64) uint8_t buf[Q8Q_BUF];
@@ -559,7 +568,7 @@ G4_AI void q8q_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x
                     memcpy(xq + ((size_t)b * NV + v) * 64 + 4 * R * t, xb[b].qs + 4 * R * v, 4 * (size_t)R);
                 int sx = 0;
                 for (int e = 0; e < 32; e++) sx += xb[b].qs[e];
-                cq[(size_t)b * 16 + t * R] = -128 * sx;
+                cq[(size_t)b * 16 + t * R] = -q_bias(QT) * sx;
                 const float d = g4_fp16_to_fp32(xb[b].d);
                 for (int r = 0; r < R; r++) dq[(size_t)b * 16 + t * R + r] = d;
             }
@@ -567,7 +576,7 @@ G4_AI void q8q_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x
         for (int64_t r = r0; r < r1; r += R) {
             const int nr = (int)(r1 - r < R ? r1 - r : R);
             const uint8_t *wrow[8];
-            for (int i = 0; i < R; i++) wrow[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * 34;
+            for (int i = 0; i < R; i++) wrow[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * wrb + (size_t)c0 * BB;
             _Alignas(64) float a[16];
             for (int l = 0; l < 16; l++) {
                 const int t = l / R, i = l % R;
@@ -578,20 +587,35 @@ G4_AI void q8q_gemm(const int NT, const uint8_t *w, size_t wrb, const uint8_t *x
             const size_t gb = (size_t)R * wrb; /* whole groups ahead, at least G4X_Q8QPD bytes */
             const char *pfc = (const char *)w + (size_t)r * wrb + gb * ((G4X_Q8QPD + gb - 1) / gb);
             for (int b = 0; b < kc; b++) {
-                if (whole) { /* rows r.. are one contiguous region: R * 34 bytes consumed per block */
-                    const char *lo = pfc + (size_t)b * R * 34;
-                    for (const char *q = (const char *)((uintptr_t)lo & ~(uintptr_t)63); q < lo + R * 34; q += 64)
+                if (whole) { /* rows r.. are one contiguous region: R * BB bytes consumed per block */
+                    const char *lo = pfc + (size_t)b * R * BB;
+                    for (const char *q = (const char *)((uintptr_t)lo & ~(uintptr_t)63); q < lo + R * BB; q += 64)
                         _mm_prefetch(q, G4X_Q8QH);
                 } else
-                    for (int i = 0; i < R; i++) _mm_prefetch((const char *)wrow[i] + (size_t)(b + 16) * 34, G4X_Q8QH);
+                    for (int i = 0; i < R; i++) _mm_prefetch((const char *)wrow[i] + (size_t)(b + 16) * BB, G4X_Q8QH);
                 const __m512i C = _mm512_load_si512(cq + (size_t)b * 16);
                 __m512i D[8];
                 uint16_t dh[8];
 #pragma GCC unroll 8
                 for (int i = 0; i < R; i++) {
-                    const uint8_t *p = wrow[i] + (size_t)b * 34;
+                    const uint8_t *p = wrow[i] + (size_t)b * BB;
                     memcpy(&dh[i], p, 2);
-                    if (NTL == 8) {
+                    if (QT != QT_Q8_0) { /* Q4_0 / Q5_0: unpacked to their stored (unsigned) values, then
+                                          * broadcast from the register */
+                        const __m512i W = q_unpack2(QT, p, BB, 0, 1);
+                        if (NTL == 8) {
+                            __m512i d = C;
+#pragma GCC unroll 4
+                            for (int v = 0; v < 4; v++)
+                                d = _mm512_dpbusd_epi32(d, _mm512_permutexvar_epi64(_mm512_set1_epi64(v), W),
+                                                        _mm512_load_si512(xq + ((size_t)b * 4 + v) * 64));
+                            D[i] = d;
+                        } else if (NTL == 4)
+                            D[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(C, _mm512_shuffle_i32x4(W, W, 0x00), _mm512_load_si512(xq + (size_t)b * 128)),
+                                                       _mm512_shuffle_i32x4(W, W, 0x55), _mm512_load_si512(xq + (size_t)b * 128 + 64));
+                        else
+                            D[i] = _mm512_dpbusd_epi32(C, _mm512_shuffle_i64x2(W, W, 0x44), _mm512_load_si512(xq + (size_t)b * 64));
+                    } else if (NTL == 8) {
                         __m512i d = C;
 #pragma GCC unroll 4
                         for (int v = 0; v < 4; v++) {
@@ -646,8 +670,8 @@ G4_AI void q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, cons
     int KC = (QBUF / (NT * 32 + 64)) & ~15;
     if (KC > nb) KC = (int)nb;
     const int BB = q_block_bytes(QT);
-    if (G4X_Q8Q && QT == QT_Q8_0 && NT >= 2 && NT <= G4X_Q8QMAX) {
-        q8q_gemm(NT, w, wrb, x, xrb, y, ldy, k, r0, r1);
+    if (G4X_Q8Q && NT >= 2 && NT <= (QT == QT_Q8_0 ? G4X_Q8QMAX : G4X_Q4QMAX)) {
+        q8q_gemm(NT, QT, w, wrb, x, xrb, y, ldy, k, r0, r1);
         return;
     }
     if (NT > (QT == QT_Q8_0 ? G4X_Q8G : G4X_Q4G)) {
