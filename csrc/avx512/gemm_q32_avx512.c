@@ -544,6 +544,23 @@ G4_AI void q8t_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
 #ifndef G4X_Q8QH
 #define G4X_Q8QH _MM_HINT_T0
 #endif
+/* Weight vector v (0..NTL/2-1) of a row's block on slot lanes: its dwords v*R .. v*R+R-1 (R = 16 / NTL)
+ * in every token slot, in the unsigned domain. Q8_0 is broadcast from memory (p = the block) and
+ * biased by ^ 0x80; Q4_0 / Q5_0 from W, the block unpacked to its stored values by q_unpack2. */
+G4_AI __m512i q8q_wv(const int QT, const int NTL, const uint8_t *p, const __m512i W, const int v) {
+    if (QT == QT_Q8_0) {
+        const uint8_t *q = p + 2 + 4 * (16 / NTL) * v;
+        __m512i u;
+        if (NTL == 8) u = _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)q));
+        else if (NTL == 4) u = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q));
+        else u = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
+        return _mm512_xor_si512(u, _mm512_set1_epi8((char)0x80));
+    }
+    if (NTL == 8) return _mm512_permutexvar_epi64(_mm512_set1_epi64(v), W);
+    if (NTL == 4) return v ? _mm512_shuffle_i32x4(W, W, 0x55) : _mm512_shuffle_i32x4(W, W, 0x00);
+    return _mm512_shuffle_i64x2(W, W, 0x44);
+}
+
 G4_AI void q8q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
                     int64_t k, int64_t r0, int64_t r1) {
     const int NTL = NT == 2 ? 2 : NT <= 4 ? 4 : 8, R = 16 / NTL, NV = NTL / 2; /* S = R dwords a slot */
@@ -555,7 +572,6 @@ G4_AI void q8q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
     uint8_t *const xq = buf;
     int32_t *const cq = (int32_t *)(buf + (size_t)KC * NV * 64);
     float *const dq = (float *)(buf + (size_t)KC * (NV + 1) * 64);
-    const __m512i b80 = _mm512_set1_epi8((char)0x80);
     for (int64_t c0 = 0; c0 < nb; c0 += KC) {
         const int kc = (int)(nb - c0 < KC ? nb - c0 : KC);
         memset(buf, 0, (size_t)kc * NV * 64);
@@ -573,6 +589,7 @@ G4_AI void q8q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
                 for (int r = 0; r < R; r++) dq[(size_t)b * 16 + t * R + r] = d;
             }
         }
+        const int whole = kc == nb;
         for (int64_t r = r0; r < r1; r += R) {
             const int nr = (int)(r1 - r < R ? r1 - r : R);
             const uint8_t *wrow[8];
@@ -583,7 +600,6 @@ G4_AI void q8q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
                 a[l] = (c0 > 0 && t < NT && i < nr) ? y[t * ldy + r + i] : 0.0f;
             }
             __m512 acc = _mm512_load_ps(a);
-            const int whole = kc == nb;
             const size_t gb = (size_t)R * wrb; /* whole groups ahead, at least G4X_Q8QPD bytes */
             const char *pfc = (const char *)w + (size_t)r * wrb + gb * ((G4X_Q8QPD + gb - 1) / gb);
             for (int b = 0; b < kc; b++) {
@@ -600,39 +616,12 @@ G4_AI void q8q_gemm(const int NT, const int QT, const uint8_t *w, size_t wrb, co
                 for (int i = 0; i < R; i++) {
                     const uint8_t *p = wrow[i] + (size_t)b * BB;
                     memcpy(&dh[i], p, 2);
-                    if (QT != QT_Q8_0) { /* Q4_0 / Q5_0: unpacked to their stored (unsigned) values, then
-                                          * broadcast from the register */
-                        const __m512i W = q_unpack2(QT, p, BB, 0, 1);
-                        if (NTL == 8) {
-                            __m512i d = C;
+                    const __m512i W = QT == QT_Q8_0 ? _mm512_setzero_si512() : q_unpack2(QT, p, BB, 0, 1);
+                    __m512i d = C;
 #pragma GCC unroll 4
-                            for (int v = 0; v < 4; v++)
-                                d = _mm512_dpbusd_epi32(d, _mm512_permutexvar_epi64(_mm512_set1_epi64(v), W),
-                                                        _mm512_load_si512(xq + ((size_t)b * 4 + v) * 64));
-                            D[i] = d;
-                        } else if (NTL == 4)
-                            D[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(C, _mm512_shuffle_i32x4(W, W, 0x00), _mm512_load_si512(xq + (size_t)b * 128)),
-                                                       _mm512_shuffle_i32x4(W, W, 0x55), _mm512_load_si512(xq + (size_t)b * 128 + 64));
-                        else
-                            D[i] = _mm512_dpbusd_epi32(C, _mm512_shuffle_i64x2(W, W, 0x44), _mm512_load_si512(xq + (size_t)b * 64));
-                    } else if (NTL == 8) {
-                        __m512i d = C;
-#pragma GCC unroll 4
-                        for (int v = 0; v < 4; v++) {
-                            const __m512i q = _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(p + 2 + 8 * v)));
-                            d = _mm512_dpbusd_epi32(d, _mm512_xor_si512(q, b80),
-                                                    _mm512_load_si512(xq + ((size_t)b * 4 + v) * 64));
-                        }
-                        D[i] = d;
-                    } else if (NTL == 4) {
-                        const __m512i W0 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 2))), b80);
-                        const __m512i W1 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p + 18))), b80);
-                        D[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(C, W0, _mm512_load_si512(xq + (size_t)b * 128)), W1,
-                                                   _mm512_load_si512(xq + (size_t)b * 128 + 64));
-                    } else {
-                        const __m512i W = _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 2))), b80);
-                        D[i] = _mm512_dpbusd_epi32(C, W, _mm512_load_si512(xq + (size_t)b * 64));
-                    }
+                    for (int v = 0; v < NV; v++)
+                        d = _mm512_dpbusd_epi32(d, q8q_wv(QT, NTL, p, W, v), _mm512_load_si512(xq + ((size_t)b * NV + v) * 64));
+                    D[i] = d;
                 }
                 __m512i Sv;
                 __m512 dw;
